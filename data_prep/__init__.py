@@ -1,0 +1,1 @@
+"""From released files to training and evaluation datasets."""

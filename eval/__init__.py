@@ -1,0 +1,1 @@
+"""Evaluation: `python -m eval <benchmark> <step> ...`."""

@@ -1,0 +1,38 @@
+"""`python -m eval <benchmark> <step> ...`: one command line for every benchmark.
+
+Each benchmark's command line lives beside its code and is imported only when asked for, so that
+`python -m eval geo metrics` never pays for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from data_prep.errors import InputError
+
+# benchmark -> module exposing `main(argv: list[str]) -> int`
+COMMANDS = {
+    "spy": "eval.spy.cli",
+    "general": "eval.general.cli",
+    "composite": "eval.general.composite",
+    "geo": "eval.geoprivacy.cli",
+    "spatialtrust": "eval.spatialtrust.cli",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(f"usage: python -m eval {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(COMMANDS[argv[0]])
+    try:
+        return module.main(argv[1:]) or 0
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

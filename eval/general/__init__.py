@@ -1,0 +1,1 @@
+"""General capability: MMMU, OCRBench, MME and the SPY composite score."""

@@ -1,0 +1,1 @@
+"""VLM-GeoPrivacy: contextual-integrity location disclosure."""

@@ -1,0 +1,1 @@
+"""SpatialTrust and the SpatialTrustGuard staged pipeline."""

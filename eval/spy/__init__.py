@@ -1,0 +1,1 @@
+"""SPY-Bench: samples, prompts, judge prompt, metrics, self-moderation."""

@@ -1,0 +1,1 @@
+"""Entry scripts for training, and the tiny offline model."""
