@@ -1,0 +1,154 @@
+"""TRL's DPOTrainer for vision data, with shared vision encoding and precomputed reference log-probabilities.
+
+DPO (`loss_type: sigmoid`) and NCA (`loss_type: nca_pair`) use TRL's own loss code; this subclass changes
+only what TRL does not support for vision datasets:
+
+- `shared_vision` (default on): the collator keeps each image once and the backbone encodes it once per model
+  per step (losses/shared_vision.py).
+- `precompute_ref_log_probs`: TRL refuses it for vision datasets. Here one pass before training stores the
+  reference log-probabilities of every row in a column `ref_logps`, cached on disk under
+  `<output_dir>/ref_logps/` keyed by the reference weights and the data, and the reference model is released.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+from dataclasses import dataclass, field
+
+import torch
+from accelerate.utils import is_peft_model
+from datasets import Dataset, concatenate_datasets
+from datasets.fingerprint import Hasher
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers.data.data_collator import DataCollatorMixin
+from trl import DPOConfig, DPOTrainer
+from trl.models import prepare_deepspeed
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
+from trl.trainer.utils import hash_module, use_adapter
+
+from losses.shared_vision import enable_shared_vision, share_images
+
+# Batch entries that are not model inputs.
+NON_MODEL_KEYS = {"completion_mask", "ref_chosen_logps", "ref_rejected_logps", "ref_logps"}
+
+
+@dataclass
+class VisionDPOConfig(DPOConfig):
+    shared_vision: bool = field(
+        default=True,
+        metadata={"help": "Encode each image once per model per step and reuse it in all sequences of its example."},
+    )
+
+
+@dataclass
+class PreferenceCollator(DataCollatorMixin):
+    """TRL's vision preference collator, plus shared images and the precomputed reference log-probabilities."""
+
+    processor: object
+    shared_vision: bool = True
+    max_length: int | None = None
+    return_tensors: str = "pt"
+
+    def torch_call(self, examples: list[dict]) -> dict:
+        ref = [example.pop("ref_logps") for example in examples] if "ref_logps" in examples[0] else None
+        batch = DataCollatorForVisionPreference(self.processor, max_length=self.max_length)(examples)
+        if self.shared_vision:
+            batch = share_images(batch, repeats=2)
+        if ref is not None:
+            ref = torch.tensor(ref, dtype=torch.float32)
+            batch["ref_chosen_logps"], batch["ref_rejected_logps"] = ref[:, 0], ref[:, 1]
+        return batch
+
+
+class VisionDPOTrainer(DPOTrainer):
+    """DPOTrainer + shared vision encoding + vision-data reference precompute."""
+
+    signature_columns = ["prompt", "chosen", "rejected", "images", "image", "ref_logps"]
+    collator_class = PreferenceCollator
+    rows_per_example = 2  # the batch holds [chosen rows; rejected rows]
+
+    def __init__(self, model, ref_model=None, args: VisionDPOConfig | None = None, data_collator=None,
+                 processing_class=None, **kwargs):
+        precompute = args.precompute_ref_log_probs
+        args.precompute_ref_log_probs = False  # TRL refuses it for vision data; done below instead
+        if data_collator is None:
+            data_collator = self.collator_class(processing_class, shared_vision=args.shared_vision,
+                                                max_length=args.max_length)
+        super().__init__(model, ref_model=ref_model, args=args, data_collator=data_collator,
+                         processing_class=processing_class, **kwargs)
+        args.precompute_ref_log_probs = precompute
+        if args.shared_vision:
+            for m in (self.model, self.ref_model):
+                if m is not None:
+                    enable_shared_vision(m)
+        if precompute:
+            self._precompute_model_hash = hash_module(self.ref_model or self.model)
+            self.train_dataset = self._precompute_ref_logps(self.train_dataset, "train",
+                                                            args.precompute_ref_batch_size or
+                                                            args.per_device_train_batch_size)
+            if self.eval_dataset is not None:
+                self.eval_dataset = self._precompute_ref_logps(self.eval_dataset, "eval",
+                                                               args.precompute_ref_batch_size or
+                                                               args.per_device_eval_batch_size)
+            self.precompute_ref_logps = True
+            self.ref_model = self._precompute_engine = None  # released: the cache replaces it
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+    def _set_signature_columns_if_needed(self):
+        if self._signature_columns is None:
+            self._signature_columns = list(self.signature_columns)
+
+    def _reference_context(self):
+        """Full fine-tuning: a separate reference model. PEFT: the policy with its adapter disabled."""
+        if self.ref_model is None and is_peft_model(self.model):
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            return use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
+        return contextlib.nullcontext()
+
+    def sequence_logps(self, model, inputs) -> torch.Tensor:
+        """Summed completion log-probability of every row of a collated batch, shape (rows,)."""
+        model_kwargs = {k: v for k, v in inputs.items() if k not in NON_MODEL_KEYS}
+        model_kwargs["use_cache"] = False
+        labels = inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)
+        outputs = model(**model_kwargs, labels=labels, fused_lm_head=True)
+        seq_len = inputs["completion_mask"].size(1) - 1
+        return outputs.log_probs[:, -seq_len:].sum(dim=1)
+
+    def reference_logps(self, inputs, model=None) -> torch.Tensor:
+        with (torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
+              self._reference_context()):
+            return self.sequence_logps(model or self.ref_model or self.model, inputs)
+
+    def _precompute_ref_logps(self, dataset: Dataset, name: str, batch_size: int) -> Dataset:
+        """One reference pass over `dataset`; adds the column `ref_logps` (one value per sequence of a row)."""
+        fingerprint = Hasher.hash((dataset._fingerprint, self._precompute_model_hash, type(self).__name__))
+        cache_dir = os.path.join(self.args.output_dir, "ref_logps")
+        cache_file = os.path.join(cache_dir, f"{name}-{fingerprint}.parquet")
+        if not os.path.exists(cache_file):
+            if self.ref_model is None and self.is_deepspeed_enabled:
+                # Parameters are not placed yet (the trainer prepares them in `train`): use an inference engine
+                self._precompute_engine = self._precompute_engine or prepare_deepspeed(self.model, self.accelerator)
+            model = self._precompute_engine or self.ref_model or self.model
+            loader = self.accelerator.prepare(DataLoader(dataset, batch_size=batch_size, shuffle=False,
+                                                         collate_fn=self.data_collator,
+                                                         num_workers=self.args.dataloader_num_workers))
+            values = []
+            for batch in tqdm(loader, desc=f"Reference log-probs ({name})", disable=not self.is_world_process_zero()):
+                logps = self.reference_logps(batch, model)
+                per_row = torch.stack(logps.chunk(self.rows_per_example), dim=1)  # (examples, sequences)
+                values.append(self.accelerator.gather_for_metrics(per_row).float().cpu())
+            values = torch.cat(values).tolist()
+            if self.accelerator.is_main_process:
+                os.makedirs(cache_dir, exist_ok=True)
+                tmp = f"{cache_file}.tmp"
+                Dataset.from_dict({"ref_logps": values}).to_parquet(tmp)
+                os.replace(tmp, cache_file)
+            self.accelerator.wait_for_everyone()
+        cached = Dataset.from_parquet(cache_file)
+        return concatenate_datasets([dataset, cached], axis=1)

@@ -1,0 +1,48 @@
+"""Supervised fine-tuning on SPY-Tune (the paper's SFT baseline, and the demo's warm-up).
+
+    accelerate launch --config_file accelerate_configs/zero2.yaml train/sft.py recipes/sft.yaml [--key value ...]
+
+Rows are prompt-completion pairs, so the loss covers the answer only (completion-only loss); the reference
+implementation also trained on the instructions, the question and the image tokens.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a file by accelerate
+
+from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config  # noqa: E402
+
+from train.common import (  # noqa: E402
+    SpyTuneArguments,
+    finish,
+    load_datasets,
+    load_model_and_processor,
+    parse_recipe,
+    resume_checkpoint,
+)
+
+
+def main():
+    # args
+    script_args, training_args, model_args = parse_recipe(SpyTuneArguments, SFTConfig, ModelConfig)
+    # model
+    model, processor = load_model_and_processor(model_args, script_args, training_args)
+    # data
+    train_dataset, eval_dataset = load_datasets("sft", script_args, training_args.seed)
+    # trainer
+    trainer = SFTTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=processor,
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
+    # save / push
+    finish(trainer, "sft", script_args, training_args, model_args)
+
+
+if __name__ == "__main__":
+    main()
