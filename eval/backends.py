@@ -1,0 +1,473 @@
+"""One Generator interface, three backends: transformers (`hf`), vLLM (`vllm`) and any OpenAI-compatible
+endpoint (`openai`).
+
+A request is `{"id": str, "messages": [...], "images": [PIL.Image | path]}`; message content is a string or
+a list of `{"type": "image"}` / `{"type": "text", "text": ...}` parts, and the k-th image part takes
+`images[k]`. Callers put the image part before the text: vLLM's prefix cache then shares the image's
+tokens across every sample of one image. `Generator.generate(requests)` yields `{"id", "text"}`, or
+`{"id", "text": None, "error"}` for a request that failed for good, once per id, in any order. Decoding
+is greedy with at most `max_new_tokens` (512) new tokens.
+
+    gen = load_generator("hf", "Qwen/Qwen2-VL-7B-Instruct", batch_size=16)
+    generate_run(gen, requests, "run.jsonl", meta={id: sample_fields})   # resumable
+
+`ChatClient` (bounded concurrency, retries with backoff on 429 / 5xx / timeouts / garbage) is the one
+place that talks to OpenAI-compatible servers; the judge uses it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import queue
+import random
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+
+from data_prep.errors import InputError
+from eval.runs import RunFile, iter_chunks
+
+DEFAULT_MAX_NEW_TOKENS = 512
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Requests
+
+
+def image_parts(messages: list[dict]) -> int:
+    """How many `{"type": "image"}` parts the messages hold."""
+    return sum(
+        1 for m in messages if isinstance(m.get("content"), list) for p in m["content"] if p.get("type") == "image"
+    )
+
+
+def check_requests(requests: list[dict]) -> None:
+    """Every request has an id, messages and one image per image part; ids are unique."""
+    seen = set()
+    for n, request in enumerate(requests, 1):
+        if "id" not in request or "messages" not in request:
+            raise ValueError(f"request {n}: needs 'id' and 'messages'")
+        if request["id"] in seen:
+            raise ValueError(f"request {n}: duplicate id {request['id']!r}")
+        seen.add(request["id"])
+        images = request.get("images") or []
+        if image_parts(request["messages"]) != len(images):
+            raise ValueError(f"request {request['id']!r}: {image_parts(request['messages'])} image parts "
+                             f"but {len(images)} images")
+
+
+def load_image(image):
+    """A PIL RGB image from a PIL image or a path (every backend sees the same pixels)."""
+    from PIL import Image
+
+    if isinstance(image, (str, Path)):
+        with Image.open(image) as opened:
+            return opened.convert("RGB")
+    return image.convert("RGB")
+
+
+def image_data_url(image) -> str:
+    """A lossless base64 PNG data URL (the reference recompressed to JPEG, so API models saw other pixels)."""
+    buffer = io.BytesIO()
+    load_image(image).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def openai_messages(request: dict) -> list[dict]:
+    """Chat-completions messages: each image part becomes an `image_url` part, in place."""
+    images = iter(request.get("images") or [])
+    messages = []
+    for message in request["messages"]:
+        content = message["content"]
+        if isinstance(content, list):
+            content = [
+                {"type": "image_url", "image_url": {"url": image_data_url(next(images))}}
+                if part["type"] == "image" else {"type": "text", "text": part["text"]}
+                for part in content
+            ]
+        messages.append({"role": message["role"], "content": content})
+    return messages
+
+
+def prompt_length(request: dict) -> int:
+    """A cheap proxy of the prompt length, used to batch similar lengths together."""
+    return sum(
+        len(m["content"]) if isinstance(m["content"], str)
+        else sum(len(p.get("text", "")) for p in m["content"])
+        for m in request["messages"]
+    ) + 1000 * len(request.get("images") or [])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Generators
+
+
+class Generator:
+    """Base class: `generate(requests)` yields one result per request id."""
+
+    name = "generator"
+
+    def generate(self, requests: list[dict]) -> Iterator[dict]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class HFGenerator(Generator):
+    """transformers `generate`: batched, left padding, greedy; only the new tokens are decoded."""
+
+    def __init__(self, model: str, batch_size: int = 8, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                 dtype: str = "auto", device: str = "auto", min_pixels: int | None = None,
+                 max_pixels: int | None = None, trust_remote_code: bool = False,
+                 attn_implementation: str | None = None):
+        import torch
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        self.name = str(model)
+        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if dtype == "auto":  # bf16 on GPUs; CPUs run float32 faster than bf16
+            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        pixels = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+        self.processor = AutoProcessor.from_pretrained(model, trust_remote_code=trust_remote_code, **pixels)
+        self.processor.tokenizer.padding_side = "left"
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        self.model = AutoModelForImageTextToText.from_pretrained(
+            model, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code, **extra
+        ).to(device).eval()
+        self.device = device
+
+    def _generate_batch(self, batch: list[dict], images: list[list]) -> list[str]:
+        import torch
+
+        texts = [self.processor.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True)
+                 for r in batch]
+        flat = [image for request_images in images for image in request_images]
+        inputs = self.processor(text=texts, images=flat or None, padding=True, return_tensors="pt")
+        inputs = inputs.to(self.device)
+        with torch.inference_mode():
+            out = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False,
+                                      temperature=None, top_p=None, top_k=None)
+        new_tokens = out[:, inputs["input_ids"].shape[1]:]
+        return [t.strip() for t in self.processor.batch_decode(new_tokens, skip_special_tokens=True)]
+
+    def generate(self, requests: list[dict]) -> Iterator[dict]:
+        import torch
+
+        check_requests(requests)
+        for batch in iter_chunks(sorted(requests, key=prompt_length), self.batch_size):
+            ready, images = [], []
+            for request in batch:
+                try:
+                    images.append([load_image(i) for i in request.get("images") or []])
+                    ready.append(request)
+                except OSError as err:
+                    yield {"id": request["id"], "text": None, "error": f"image: {err}"}
+            if not ready:
+                continue
+            try:
+                texts = self._generate_batch(ready, images)
+            except torch.OutOfMemoryError:
+                # One request at a time; a request that still does not fit is recorded, the run goes on.
+                torch.cuda.empty_cache()
+                for request, request_images in zip(ready, images):
+                    try:
+                        yield {"id": request["id"], "text": self._generate_batch([request], [request_images])[0]}
+                    except torch.OutOfMemoryError as err:
+                        torch.cuda.empty_cache()
+                        yield {"id": request["id"], "text": None, "error": f"out of memory: {err}"}
+                continue
+            for request, text in zip(ready, texts):
+                yield {"id": request["id"], "text": text}
+
+
+def vllm_input(processor, request: dict) -> dict:
+    """A vLLM prompt: the model's own chat template (no hard-coded prompt table, no silent fallback) and the
+    request's images as `multi_modal_data`."""
+    prompt = processor.apply_chat_template(request["messages"], tokenize=False, add_generation_prompt=True)
+    images = [load_image(i) for i in request.get("images") or []]
+    if not images:
+        return {"prompt": prompt}
+    return {"prompt": prompt, "multi_modal_data": {"image": images[0] if len(images) == 1 else images}}
+
+
+def image_key(request: dict) -> str:
+    images = request.get("images") or []
+    return "" if not images else str(images[0]) if isinstance(images[0], (str, Path)) else f"pil-{id(images[0])}"
+
+
+class VLLMGenerator(Generator):
+    """vLLM offline inference (GPU; vLLM lives in its own environment: `make vllm-env`).
+
+    Requests are sorted by image so the samples of one image run together and share its cached prefix,
+    and submitted in large chunks (continuous batching inside a chunk; a result file append after each).
+    """
+
+    def __init__(self, model: str, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, tensor_parallel_size: int = 1,
+                 max_model_len: int | None = 4096, min_pixels: int | None = None, max_pixels: int | None = None,
+                 trust_remote_code: bool = False, dtype: str = "auto", seed: int = 0, chunk_size: int = 1024,
+                 images_per_prompt: int = 1, gpu_memory_utilization: float = 0.9, **engine_args):
+        try:
+            import vllm
+        except ImportError as err:
+            raise RuntimeError(
+                "the vllm backend needs vLLM, which pins its own torch/transformers: create its environment with "
+                "`make vllm-env` and run this command with .venv-vllm/bin/python (GPU machines only)"
+            ) from err
+        from transformers import AutoProcessor
+
+        self.name, self.chunk_size = str(model), chunk_size
+        self.processor = AutoProcessor.from_pretrained(model, trust_remote_code=trust_remote_code)
+        mm_kwargs = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+        self.llm = vllm.LLM(
+            model=model, tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len, dtype=dtype,
+            seed=seed, trust_remote_code=trust_remote_code, enable_prefix_caching=True,
+            limit_mm_per_prompt={"image": images_per_prompt}, gpu_memory_utilization=gpu_memory_utilization,
+            **({"mm_processor_kwargs": mm_kwargs} if mm_kwargs else {}), **engine_args,
+        )
+        self.sampling = vllm.SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
+
+    def generate(self, requests: list[dict]) -> Iterator[dict]:
+        check_requests(requests)
+        for chunk in iter_chunks(sorted(requests, key=image_key), self.chunk_size):
+            inputs = [vllm_input(self.processor, r) for r in chunk]
+            for request, output in zip(chunk, self.llm.generate(inputs, self.sampling, use_tqdm=False)):
+                yield {"id": request["id"], "text": output.outputs[0].text.strip()}
+
+
+class OpenAIGenerator(Generator):
+    """Any OpenAI-compatible chat-completions endpoint (OpenAI, a vLLM server, ...), through `ChatClient`."""
+
+    def __init__(self, model: str, base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY",
+                 concurrency: int = 8, max_retries: int = 6, timeout: float = 60.0,
+                 max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, **client_options):
+        self.name = str(model)
+        self.client = ChatClient(model, base_url=base_url, api_key_env=api_key_env, concurrency=concurrency,
+                                 max_retries=max_retries, timeout=timeout, max_tokens=max_new_tokens,
+                                 **client_options)
+
+    def generate(self, requests: list[dict]) -> Iterator[dict]:
+        check_requests(requests)
+        # Images are encoded only when a request's turn comes, not all up front.
+        jobs = [(r["id"], lambda r=r: openai_messages(r)) for r in requests]
+        for request_id, result in self.client.stream(jobs):
+            yield {"id": request_id, **result}
+
+
+BACKENDS: dict[str, type[Generator]] = {"hf": HFGenerator, "vllm": VLLMGenerator, "openai": OpenAIGenerator}
+
+
+def load_generator(backend: str, model: str, **options) -> Generator:
+    """A Generator for `model` on `backend` ("hf", "vllm" or "openai"); options go to its constructor."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    return BACKENDS[backend](model, **options)
+
+
+def generate_run(generator: Generator, requests: list[dict], out_path, meta: dict | None = None,
+                 progress: bool = True) -> list[dict]:
+    """Generate every request not yet done in the run file at `out_path`, appending one line per finished
+    request (`{**meta[id], "id": id, "response": text}`, plus `"error"` if it failed for good), then
+    rewrite the file in request order. Killing it and running it again loses and duplicates nothing."""
+    from tqdm.auto import tqdm
+
+    meta = meta or {}
+    run = RunFile(out_path)
+    pending = run.pending(requests)
+    wanted = {str(r["id"]): r["id"] for r in pending}
+    done = set()
+    with tqdm(total=len(pending), desc=f"generate {Path(out_path).name}", disable=not progress or not pending) as bar:
+        for result in generator.generate(pending) if pending else ():
+            key = str(result["id"])
+            if key not in wanted or key in done:
+                raise RuntimeError(f"backend returned an unexpected or repeated id {result['id']!r}")
+            done.add(key)
+            run.append(_run_record(meta, wanted[key], result.get("text"), result.get("error")))
+            bar.update()
+    for key in wanted.keys() - done:  # a backend that stopped early must not make samples vanish
+        run.append(_run_record(meta, wanted[key], None, "no result from the backend"))
+    return run.finalize([r["id"] for r in requests])
+
+
+def _run_record(meta: dict, request_id, text, error) -> dict:
+    record = {**meta.get(request_id, {}), "id": request_id, "response": text}
+    record.pop("error", None)
+    if error:
+        record["error"] = error
+    return record
+
+
+# --------------------------------------------------------------------------------------------------------------
+# OpenAI-compatible client: bounded concurrency, retries with backoff, shared by the API backend and the judge
+
+
+class GarbageResponse(Exception):
+    """The server answered 2xx with something that is not a chat completion."""
+
+
+def response_text(response) -> str:
+    """The assistant text of a chat completion, or GarbageResponse."""
+    choices = getattr(response, "choices", None)
+    if not isinstance(choices, list) or not choices:
+        raise GarbageResponse(f"no choices in the response ({type(response).__name__})")
+    content = getattr(getattr(choices[0], "message", None), "content", None)
+    if not isinstance(content, str):
+        raise GarbageResponse("the first choice has no text content")
+    return content
+
+
+def is_retryable(err: Exception) -> bool:
+    import openai
+
+    if isinstance(err, (openai.APITimeoutError, openai.APIConnectionError, openai.APIResponseValidationError,
+                        GarbageResponse, json.JSONDecodeError)):
+        return True
+    if isinstance(err, openai.APIStatusError):
+        return err.status_code in (408, 409, 429) or err.status_code >= 500
+    return False
+
+
+def retry_after(err: Exception) -> float | None:
+    """Seconds the server asked us to wait (Retry-After / retry-after-ms headers), if it said."""
+    response = getattr(err, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    try:
+        if headers.get("retry-after-ms") is not None:
+            return float(headers["retry-after-ms"]) / 1000
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return float(value)
+        except ValueError:
+            import time
+
+            return parsedate_to_datetime(value).timestamp() - time.time()
+    except (TypeError, ValueError):
+        return None
+
+
+def describe(err: Exception) -> str:
+    return f"{type(err).__name__}: {str(err)[:500]}"
+
+
+class ChatClient:
+    """Chat completions against an OpenAI-compatible endpoint through `openai.AsyncOpenAI`.
+
+    At most `concurrency` requests are in flight. A request failing with 429, 5xx, a timeout, a connection
+    error or a garbage body is retried up to `max_retries` times, waiting the server's Retry-After when it
+    gives one and otherwise `backoff * 2**attempt` seconds (capped at `max_backoff`) with random jitter;
+    other errors (400, 401, ...) are not retried. The API key is read from the environment variable
+    `api_key_env` only and never logged; a server at `base_url` that needs no key gets a placeholder.
+    """
+
+    def __init__(self, model: str, base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY",
+                 concurrency: int = 8, max_retries: int = 6, timeout: float = 60.0, max_tokens: int | None = 512,
+                 temperature: float | None = 0.0, backoff: float = 1.0, max_backoff: float = 60.0,
+                 max_tokens_field: str = "max_tokens", extra_body: dict | None = None):
+        self.model, self.base_url, self.api_key_env = model, base_url, api_key_env
+        self.concurrency, self.max_retries, self.timeout = concurrency, max_retries, timeout
+        self.backoff, self.max_backoff = backoff, max_backoff
+        self.params = {"temperature": temperature, max_tokens_field: max_tokens}
+        self.params = {k: v for k, v in self.params.items() if v is not None}
+        if extra_body:
+            self.params["extra_body"] = extra_body
+        self._api_key()  # fail before any work when the key is missing
+
+    def _api_key(self) -> str:
+        key = os.environ.get(self.api_key_env)
+        if key:
+            return key
+        if self.base_url:  # local servers (vLLM) accept any key
+            return "EMPTY"
+        raise InputError("environment", None, self.api_key_env,
+                         "not set (the API key is read from this environment variable only)")
+
+    def delay(self, attempt: int, err: Exception) -> float:
+        asked = retry_after(err)
+        if asked is not None and asked >= 0:
+            return min(asked, self.max_backoff)
+        return min(self.max_backoff, self.backoff * 2**attempt) * random.uniform(0.5, 1.0)
+
+    async def complete(self, client, messages) -> dict:
+        """One completion with retries: `{"text": str}` or `{"text": None, "error": str}`."""
+        try:
+            messages = messages() if callable(messages) else messages
+        except Exception as err:  # noqa: BLE001 - e.g. an unreadable image: nothing to retry
+            return {"text": None, "error": f"request: {describe(err)}"}
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = await client.chat.completions.create(model=self.model, messages=messages, **self.params)
+                return {"text": response_text(response)}
+            except Exception as err:  # noqa: BLE001 - classified by is_retryable
+                if not is_retryable(err) or attempt == self.max_retries:
+                    return {"text": None, "error": f"failed after {attempt + 1} attempt(s): {describe(err)}"}
+                await asyncio.sleep(self.delay(attempt, err))
+
+    async def _run(self, jobs: list, put: Callable) -> None:
+        import openai
+
+        client = openai.AsyncOpenAI(api_key=self._api_key(), base_url=self.base_url, timeout=self.timeout,
+                                    max_retries=0)  # retries live here, once
+        semaphore = asyncio.Semaphore(self.concurrency)
+
+        async def one(key, messages):
+            async with semaphore:
+                put((key, await self.complete(client, messages)))
+
+        try:
+            await asyncio.gather(*(one(key, messages) for key, messages in jobs))
+        finally:
+            await client.close()
+
+    def stream(self, jobs: Iterable[tuple]) -> Iterator[tuple]:
+        """Yield `(key, result)` for each `(key, messages)` job as it finishes (messages may be a callable
+        that builds them). The event loop runs in its own thread, so this works inside notebooks too."""
+        jobs = list(jobs)
+        if not jobs:
+            return
+        results: queue.Queue = queue.Queue()
+        finished = object()
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(self._run(jobs, results.put))
+
+        def worker():
+            try:
+                loop.run_until_complete(task)
+            except BaseException as err:  # noqa: BLE001 - handed to the consumer thread
+                results.put(err)
+            finally:
+                loop.close()
+                results.put(finished)
+
+        thread = threading.Thread(target=worker, name="chat-client", daemon=True)
+        thread.start()
+        try:
+            while (item := results.get()) is not finished:
+                if isinstance(item, BaseException):
+                    if isinstance(item, asyncio.CancelledError):
+                        continue
+                    raise item
+                yield item
+        finally:
+            if thread.is_alive():  # the consumer stopped early: cancel what is in flight
+                try:
+                    loop.call_soon_threadsafe(task.cancel)
+                except RuntimeError:
+                    pass
+                thread.join(timeout=30)
