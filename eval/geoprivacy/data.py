@@ -95,14 +95,15 @@ def load_metadata(path=DEFAULT_METADATA) -> dict[str, dict]:
 
 
 def read_records(path: Path):
-    """A JSON document, or a JSON Lines file (our run files) as a list of objects."""
+    """A JSON document, or a JSON Lines file (our run files, `.jsonl`) as a list of objects."""
     if not path.is_file():
         raise InputError(path, None, None, "file not found")
     text = path.read_text(encoding="utf-8")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
+    if path.suffix != ".jsonl":  # a one-line JSON Lines file is also a JSON document: trust the suffix
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            pass
     records = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():

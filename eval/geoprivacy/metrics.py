@@ -305,7 +305,8 @@ def _counts(values) -> dict[str, int]:
 
 def seed_summary(reports: list[dict]) -> dict:
     """Mean and population std (ddof = 0) of every numeric top-level metric over several runs of one model."""
-    keys = [k for k, v in reports[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    keys = list(dict.fromkeys(k for r in reports for k, v in r.items()
+                              if isinstance(v, (int, float)) and not isinstance(v, bool)))
     summary = {"n_runs": len(reports)}
     for key in keys:
         values = [r.get(key) for r in reports]
