@@ -68,6 +68,10 @@ def generate(args) -> int:
     items = bench.items(ds, source)
     if not items:
         raise InputError(source, None, None, "no samples to run")
+    if not RunFile(args.out).pending(items):  # nothing left: no need to load the model
+        common.finalize(args.out, items)
+        print(f"{args.benchmark}: all {len(items)} samples already in {args.out}")
+        return 0
     generator = load_generator(args.backend, args.model, **generator_options(args, items))
     try:
         records = common.generate(bench, ds, items, generator, args.out, chunk_size=args.chunk_size)

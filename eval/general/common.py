@@ -90,6 +90,10 @@ def generate(bench, ds, items: list[dict], generator, out_path, chunk_size: int 
             requests = [bench.request(items[index], row) for index, row in zip(chunk, rows)]
             generate_run(generator, requests, out_path, meta={r["id"]: meta[r["id"]] for r in requests}, progress=False)
             bar.update(len(chunk))
+    return finalize(out_path, items)
+
+
+def finalize(out_path, items: list[dict]) -> list[dict]:
     return RunFile(out_path).finalize([item["id"] for item in items])
 
 

@@ -26,9 +26,9 @@ BENCHMARKS = ("mmmu", "ocrbench", "mme")
 # Divide a benchmark's number by this to get its 0..100 term of the SPY general score.
 NORMALIZER = {"mmmu": 1.0, "ocrbench": 10.0, "mme": 28.0}
 LABELS = {"mmmu": "MMMU val", "ocrbench": "OCRBench", "mme": "MME"}
-VLMEVAL_NAMES = {  # upstream VLMEvalKit name first, then the SPY reference's
+VLMEVAL_NAMES = {  # (the name upstream VLMEvalKit writes, the name the SPY reference reads)
     "mmmu": ("{}_MMMU_DEV_VAL_acc.csv", "{}_MMMU_DEV_VAL_exact_matching_acc.csv"),
-    "ocrbench": ("{}_OCRBench_score.json",),
+    "ocrbench": ("{}_OCRBench_score.json", "{}_OCRBench_score.json"),
     "mme": ("{}_MME_score.csv", "{}_MME_exact_matching_score.csv"),
 }
 VLMEVAL_DISCIPLINES = {
@@ -73,9 +73,9 @@ def mme_score_rows(score: dict) -> list[list]:
 
 
 def write_vlmeval(score: dict, directory, name: str | None = None) -> list[Path]:
-    """Write `score` (ours) as VLMEvalKit's score file(s) in `directory`, named after `name` (default: the directory)."""
+    """Write `score` (ours) as VLMEvalKit's score file(s) in `directory`, named after `name` (default: the directory,
+    as VLMEvalKit's `outputs/<model>/` and the SPY reference's `-g <dir>` expect)."""
     directory = Path(directory)
-    name = name or directory.resolve().name
     benchmark = score["benchmark"]
     if benchmark == "ocrbench":
         text = json.dumps(ocrbench_score_json(score), indent=4) + "\n"
@@ -83,7 +83,10 @@ def write_vlmeval(score: dict, directory, name: str | None = None) -> list[Path]
         text = _csv_text(mmmu_acc_rows(score))
     else:
         text = _csv_text(mme_score_rows(score))
-    paths = [directory / pattern.format(name) for pattern in VLMEVAL_NAMES[benchmark]]
+    upstream, spy = VLMEVAL_NAMES[benchmark]
+    # The SPY reference looks for `Path(dir).stem`, which differs from the name when it has a dot (Qwen2.5-VL...).
+    paths = [directory / upstream.format(name or directory.resolve().name)]
+    paths += [p for p in [directory / spy.format(name or directory.resolve().stem)] if p not in paths]
     for path in paths:
         _atomic_write_text(path, text)
     return paths
@@ -153,7 +156,7 @@ def read_result(path, benchmark: str) -> dict:
 
 def _expect(path, benchmark: str, found: str) -> None:
     if found != benchmark:
-        raise InputError(path, None, None, f"this is a {LABELS[found]} result, expected {LABELS[benchmark]}")
+        raise InputError(path, None, None, f"holds {LABELS[found]} results, not {LABELS[benchmark]}")
 
 
 def _read_vlmeval_csv(path: Path, benchmark: str) -> dict:
@@ -232,9 +235,9 @@ def find_result(directory, benchmark: str) -> Path:
     directory = Path(directory)
     if not directory.is_dir():
         raise InputError(directory, None, None, "not a directory")
-    spy_name = VLMEVAL_NAMES[benchmark][-1].format(directory.resolve().name)
+    spy_name = VLMEVAL_NAMES[benchmark][-1].format(directory.resolve().stem)
     tiers = [[directory / spy_name] if (directory / spy_name).is_file() else []]
-    tiers += [sorted(directory.glob(pattern.format("*"))) for pattern in reversed(VLMEVAL_NAMES[benchmark])]
+    tiers += [sorted(directory.glob(pattern.format("*"))) for pattern in dict.fromkeys(VLMEVAL_NAMES[benchmark][::-1])]
     tiers.append([p for p in sorted(directory.glob("*.json")) if _json_field(p, "benchmark") == benchmark])
     task = LMMS_EVAL_TASKS[benchmark]
     tiers.append([p for p in sorted(directory.rglob("*results*.json")) if task in (_json_field(p, "results") or {})])
