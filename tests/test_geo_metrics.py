@@ -303,3 +303,18 @@ def test_parse_q7_only():
     assert parse_q7_only("Q7: the answer is c") == {"Q7": "A"}
     assert parse_q7_only("Reasoning first.\nC\n") == {"Q7": "C"}
     assert parse_q7_only("I cannot tell") == {"Q7": "N/A"}
+
+
+def test_failed_records_are_left_out_counted_and_warned(tmp_path, capsys):
+    from eval.__main__ import main as eval_main
+
+    labels = _labels(tmp_path, ["1,A,B,A,A,A,B,A", "2,A,B,A,A,A,B,C"])
+    run = tmp_path / "judged.jsonl"
+    run.write_text('{"id": "1", "Q7-gen": "Paris", "Q7-label": "B"}\n'
+                   '{"id": "2", "response": "x", "error": "judge: failed after 7 attempt(s)"}\n')
+    assert eval_main(["geo", "metrics", str(run), "--labels", str(labels), "--json"]) == 0
+    captured = capsys.readouterr()
+    entry = json.loads(captured.out)["files"]["judged"]
+    assert entry["setting"] == "free-form" and entry["n"] == 1 and entry["n_failed_records"] == 1
+    assert entry["abstention_violation_all"] == 1.0
+    assert "1 record(s) failed for good" in captured.err

@@ -148,7 +148,8 @@ def cmd_coordinates(args) -> int:
 def infer_setting(path: Path, rows: list[dict]) -> str:
     if "free-form" in path.name or "context_fewshot" in path.name:
         return "free-form"
-    if rows and all("Q7-label" in r or r.get("setting") == "free-form" for r in rows):
+    done = [r for r in rows if not r.get("error")]
+    if done and all("Q7-label" in r or r.get("setting") == "free-form" for r in done):
         return "free-form"
     return "mcq"
 
@@ -173,7 +174,7 @@ def coordinates_for(path: Path, coordinates: str | None, n_files: int) -> Path |
 
 def cmd_metrics(args) -> int:
     from eval.geoprivacy.metrics import free_form_metrics, join, mcq_metrics, seed_summary
-    from eval.geoprivacy.report import write_report
+    from eval.geoprivacy.report import markdown_report, write_report
 
     labels = data.load_labels(args.labels)
     truth = None
@@ -183,9 +184,13 @@ def cmd_metrics(args) -> int:
     for name in args.files:
         path = Path(name)
         raw = data.read_records(path)
-        probe = raw if isinstance(raw, list) else []
-        setting = args.setting if args.setting != "auto" else infer_setting(path, [r for r in probe if isinstance(r, dict)])
+        records = [r for r in raw if isinstance(r, dict)] if isinstance(raw, list) else []
+        setting = args.setting if args.setting != "auto" else infer_setting(path, records)
         rows = data.load_predictions(path, setting)
+        failed = sum(1 for r in records if r.get("error"))
+        if failed:
+            print(f"warning: {path}: {failed} record(s) failed for good and are left out; re-run the step that "
+                  "wrote this file to retry them", file=sys.stderr)
         coord_path = coordinates_for(path, args.coordinates, len(args.files))
         coords = data.load_coordinates(coord_path) if coord_path else None
         if coords is not None and truth is None:
@@ -193,27 +198,22 @@ def cmd_metrics(args) -> int:
         joined = join(rows, labels)
         if not joined:
             raise InputError(path, None, "id", f"none of the {len(rows)} ids matches the labels in {args.labels}")
-        loaded.append((path, setting, rows, joined, coord_path, coords))
+        loaded.append((path, setting, rows, joined, coord_path, coords, failed))
     stems = [p.stem for p, *_ in loaded]
-    for path, setting, rows, joined, coord_path, coords in loaded:
+    for path, setting, rows, joined, coord_path, coords, failed in loaded:
         key = path.stem if stems.count(path.stem) == 1 else str(path)
         report = free_form_metrics(joined, coords, truth) if setting == "free-form" else mcq_metrics(joined)
         results[key] = {"path": str(path), "setting": setting, "coordinates": str(coord_path) if coord_path else None,
-                        "n_unmatched_ids": len(rows) - len(joined), **report}
+                        "n_unmatched_ids": len(rows) - len(joined), "n_failed_records": failed, **report}
         groups.setdefault((setting, data.model_group(path)), []).append(key)
     seeds = {f"{group}": {"setting": setting, "files": keys, **seed_summary([results[k] for k in keys])}
              for (setting, group), keys in groups.items() if len(keys) > 1}
     out = {"labels": str(args.labels), "files": results, "seed_variation": seeds}
-    table = write_report(out, args.out) if args.out else None
-    if table is None:
-        from eval.geoprivacy.report import markdown_report
-
-        table = markdown_report(out)
-    print(table)
     if args.out:
-        print(f"wrote {Path(args.out) / 'metrics.json'}", file=sys.stderr)
-    elif args.json:
-        print(json.dumps(out, indent=2))
+        print(write_report(out, args.out))
+        print(f"wrote {Path(args.out) / 'metrics.json'}, metrics.md and the Q7 heatmaps", file=sys.stderr)
+    else:
+        print(json.dumps(out, indent=2) if args.json else markdown_report(out))
     return 0
 
 
@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--coordinates", default=None,
                    help="coordinate file (one prediction file) or folder of <stem>_coord.json files")
     m.add_argument("--out", default=None, help="folder for metrics.json, metrics.md and the Q7 heatmaps")
-    m.add_argument("--json", action="store_true", help="without --out: also print the JSON")
+    m.add_argument("--json", action="store_true", help="without --out: print the JSON instead of the table")
     m.set_defaults(func=cmd_metrics)
     return parser
 

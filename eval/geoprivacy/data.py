@@ -122,6 +122,8 @@ def load_predictions(path, setting: str) -> list[dict]:
 
     Free-form rows keep `Q7-label` exactly as stored (judge output, possibly `D` or empty). MCQ rows keep Q1..Q7
     as stored; a run file of raw MCQ responses (`response`, not yet parsed) is parsed here with the authors' rules.
+    Records of our run files that carry an `error` (generation or judging failed for good) are left out: a re-run
+    of that step fills them in.
     """
     from eval.geoprivacy.parsing import parse_mcq, parse_q7_only
 
@@ -140,6 +142,8 @@ def load_predictions(path, setting: str) -> list[dict]:
         if row["id"] in seen:
             raise InputError(path, n, "id", f"duplicate id {row['id']!r}")
         seen.add(row["id"])
+        if record.get("error"):
+            continue
         if setting == "free-form":
             if "Q7-label" not in record:
                 hint = " (run `geo judge` on this file first)" if "response" in record else ""
@@ -154,10 +158,6 @@ def load_predictions(path, setting: str) -> list[dict]:
             raise ValueError(f"unknown setting {setting!r}")
         rows.append(row)
     return rows
-
-
-def is_q7_only(rows: list[dict]) -> bool:
-    return bool(rows) and all("Q1" not in r for r in rows)
 
 
 def load_coordinates(path) -> dict[str, tuple[float, float]]:
