@@ -38,14 +38,16 @@ def extract_json(text, keys=()) -> dict | None:
                     continue
                 if not isinstance(obj, dict):
                     continue
-                if not keys or any(_lookup(obj, k) is not None for k in keys):
+                if not keys or any(lookup(obj, k) is not None for k in keys):
                     return obj
                 first = first if first is not None else obj
     return first
 
 
-def _lookup(obj: dict, key: str):
-    """obj[key], case-insensitively."""
+def lookup(obj, key: str):
+    """obj[key], case-insensitively; None when obj is not an object or lacks the key."""
+    if not isinstance(obj, dict):
+        return None
     for k, v in obj.items():
         if isinstance(k, str) and k.strip().lower() == key.lower():
             return v
@@ -70,10 +72,14 @@ def option_key(token, options: dict) -> str | None:
     return by_text.get(_clean(t))
 
 
-def parse_choices(value, options: dict, single: bool) -> tuple[list[str], str | None]:
-    """(option keys in option order, None) or ([], reason). The exclusive option must stand alone."""
+def parse_choices(value, options: dict, single: bool, drop_exclusive: bool = False) -> tuple[list[str], str | None]:
+    """(option keys in option order, None) or ([], reason).
+
+    The exclusive option ("None of the above") must stand alone: combined with others it is an error, or with
+    `drop_exclusive` it is dropped (candidate selection keeps the factors for verification to check).
+    """
     if isinstance(value, dict):
-        value = _lookup(value, "choices") if _lookup(value, "choices") is not None else _lookup(value, "answer")
+        value = lookup(value, "choices") if lookup(value, "choices") is not None else lookup(value, "answer")
     tokens = value if isinstance(value, list) else [value]
     keys = []
     for token in tokens:
@@ -94,23 +100,40 @@ def parse_choices(value, options: dict, single: bool) -> tuple[list[str], str | 
     if single and len(keys) > 1:
         return [], f"one option expected, got {keys}"
     none = exclusive_option(options)
+    if none in keys and len(keys) > 1 and drop_exclusive:
+        keys.remove(none)
     if none in keys and len(keys) > 1:
         return [], f"the exclusive option {none!r} was combined with {[k for k in keys if k != none]}"
     return keys, None
 
 
-def parse_box(value, width: int, height: int, box_scale: str = "pixels") -> list[float] | None:
-    """One box (a list of four numbers, or a string holding four numbers) -> clipped pixel xyxy, or None."""
+def box_numbers(value, width: int, height: int, box_scale: str = "pixels") -> list | None:
+    """The four pixel coordinates a model wrote (a list, a string holding four numbers, or {x1, y1, x2, y2}),
+    scaled from the 0-1000 grid when asked, not yet checked or clipped."""
     if isinstance(value, str):
         numbers = _NUMBER.findall(value)
         value = [float(n) for n in numbers] if len(numbers) == 4 else None
-    if isinstance(value, dict):  # {"x1": .., "y1": .., "x2": .., "y2": ..}
+    if isinstance(value, dict):
         value = [value.get(k) for k in ("x1", "y1", "x2", "y2")]
     if not isinstance(value, (list, tuple)) or len(value) != 4:
         return None
     if box_scale == "1000" and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
         value = [value[0] * width / 1000, value[1] * height / 1000, value[2] * width / 1000, value[3] * height / 1000]
-    return normalise_box(value, width, height)
+    return list(value)
+
+
+def parse_box(value, width: int, height: int, box_scale: str = "pixels") -> list[float] | None:
+    """One box as the model wrote it -> clipped pixel xyxy, or None when malformed."""
+    return normalise_box(box_numbers(value, width, height, box_scale), width, height)
+
+
+def as_box_list(value) -> list:
+    """A list of boxes as given, one bare box wrapped in a list."""
+    if value is None:
+        return []
+    if _is_flat_box(value) or not isinstance(value, list):
+        return [value]
+    return value
 
 
 def _is_flat_box(value) -> bool:
@@ -119,13 +142,7 @@ def _is_flat_box(value) -> bool:
 
 def parse_box_list(value, width: int, height: int, box_scale: str = "pixels") -> list:
     """A list of boxes (or one bare box) -> list of clipped boxes, `None` in place of each malformed one."""
-    if value is None:
-        return []
-    if _is_flat_box(value) or isinstance(value, (str, dict)):
-        value = [value]
-    if not isinstance(value, list):
-        return [None]
-    return [parse_box(v, width, height, box_scale) for v in value]
+    return [parse_box(v, width, height, box_scale) for v in as_box_list(value)]
 
 
 def parse_choice_answer(value, q: dict, width: int, height: int, box_scale: str = "pixels") -> dict:
@@ -135,7 +152,7 @@ def parse_choice_answer(value, q: dict, width: int, height: int, box_scale: str 
     out = {"choices": choices}
     if grounded:
         out["boxes"] = {}
-        raw = _lookup(value, "boxes") if isinstance(value, dict) else None
+        raw = lookup(value, "boxes") if isinstance(value, dict) else None
         if isinstance(raw, dict):
             for k, boxes in raw.items():
                 key = option_key(k, q["options"])
@@ -152,9 +169,9 @@ def parse_free_answer(value, width: int, height: int, box_scale: str = "pixels")
     """A q4/q5 answer ({"text", "boxes"} or bare text) -> {"text", "boxes"} or with an "error"."""
     if isinstance(value, str):
         return {"text": value.strip(), "boxes": []}
-    if isinstance(value, dict) and isinstance(_lookup(value, "text"), str):
-        return {"text": _lookup(value, "text").strip(),
-                "boxes": parse_box_list(_lookup(value, "boxes"), width, height, box_scale)}
+    if isinstance(value, dict) and isinstance(lookup(value, "text"), str):
+        return {"text": lookup(value, "text").strip(),
+                "boxes": parse_box_list(lookup(value, "boxes"), width, height, box_scale)}
     return {"text": "", "boxes": [], "error": f"expected text, got {type(value).__name__}"}
 
 
@@ -171,7 +188,7 @@ def parse_one_pass(text, record: dict, box_scale: str = "pixels") -> dict:
     obj = extract_json(text, keys=QIDS)
     prediction = {"image_id": record["image_id"]}
     for qid in QIDS:
-        value = _lookup(obj, qid) if obj is not None else None
+        value = lookup(obj, qid) if obj is not None else None
         if value is None:
             prediction[qid] = missing(qid, "no JSON object in the response" if obj is None else f"no {qid} in the answer")
         elif qid in CHOICE_QIDS:

@@ -6,6 +6,9 @@ structured verdict and box IoU; overall = mean of the five. tau = 0.5 and IoU >=
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from data_prep.errors import InputError
 from eval.spatialtrust.data import CHOICE_QIDS, FREE_QIDS, QIDS, iou, normalise_box, question, with_line_numbers
 
@@ -130,9 +133,16 @@ def compute_metrics(data: list[dict], predictions: list[dict], judgments: list[d
 
 
 # ----------------------------------------------------------------------------------------------- judgments file
-def validate_judgments(path, judgments: list[dict], data: list[dict]) -> None:
-    """Check every verdict line against the spec and the data (one factor entry per ground-truth factor)."""
+def prediction_digest(pred) -> str:
+    """A short fingerprint of one question's prediction: a verdict is only valid for what it judged."""
+    return hashlib.sha256(json.dumps(pred, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def validate_judgments(path, judgments: list[dict], data: list[dict], predictions: list[dict] | None = None) -> None:
+    """Check every verdict line against the spec and the data (one factor entry per ground-truth factor), and,
+    where the line carries the judged prediction's digest, against the predictions being scored."""
     records = {r["image_id"]: r for r in data}
+    by_image = {p["image_id"]: p for p in predictions or []}
     for line, j in with_line_numbers(path, judgments):
         def fail(field, message, _line=line):
             raise InputError(path, _line, field, message)
@@ -161,6 +171,9 @@ def validate_judgments(path, judgments: list[dict], data: list[dict]) -> None:
             index = factor.get("box_index", "missing")
             if index is not None and (not isinstance(index, int) or isinstance(index, bool) or index < 0):
                 fail(f"factors[{i}].box_index", "expected a box index (0, 1, ...) or null")
+        judged = by_image.get(j["image_id"], {}).get(j["qid"])
+        if predictions is not None and "prediction_digest" in j and j["prediction_digest"] != prediction_digest(judged):
+            fail("prediction_digest", "this verdict judged another version of the prediction; run judge again")
 
 
 def validate_predictions(path, predictions: list[dict], data: list[dict]) -> None:
