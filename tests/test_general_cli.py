@@ -97,3 +97,18 @@ def test_generation_input_errors_come_before_the_model(tmp_path, capsys):
     (tmp_path / "run.jsonl").write_text('{"id": "0"}\nnot json\n')
     assert main(args) == 2
     assert "run.jsonl:2: not valid JSON" in capsys.readouterr().err
+
+
+def test_generator_options_follow_vlmevalkit():
+    from eval.general.cli import build_parser, generator_options
+
+    def options(*argv, items=({"n_images": 3},)):
+        return generator_options(build_parser().parse_args(list(argv)), list(items))
+
+    base = ["--model", "m", "--out", "r.jsonl"]
+    hf = options("ocrbench", *base, "--backend", "hf")
+    assert hf == {"max_new_tokens": 2048, "batch_size": 8, "min_pixels": 78400, "max_pixels": 12845056}
+    vllm = options("mmmu", *base, "--backend", "vllm", "--backend-option", "tensor_parallel_size=2")
+    assert vllm["images_per_prompt"] == 3 and vllm["min_pixels"] == 1003520 and vllm["tensor_parallel_size"] == 2
+    api = options("mme", *base, "--backend", "openai", "--base-url", "http://127.0.0.1:8000/v1", "--pixels", "model")
+    assert api == {"max_new_tokens": 2048, "base_url": "http://127.0.0.1:8000/v1", "api_key_env": "OPENAI_API_KEY"}

@@ -38,15 +38,15 @@ def _option(text: str) -> tuple[str, object]:
 
 
 def generator_options(args, items: list[dict]) -> dict:
-    options = {}
-    if args.max_new_tokens is not None:
-        options["max_new_tokens"] = args.max_new_tokens
+    options = {"max_new_tokens": args.max_new_tokens}
     if args.backend == "hf":
         options["batch_size"] = args.batch_size
     if args.backend in ("hf", "vllm") and args.pixels == "vlmevalkit":
         options.update(VLMEVAL_PIXELS[args.benchmark])
-    if args.backend == "vllm" and args.benchmark == "mmmu":
-        options["images_per_prompt"] = max([1, *(item["n_images"] for item in items)])
+    if args.backend == "vllm":
+        # At VLMEvalKit's resolution an image is 1280 tokens or more; Qwen2-VL's context is 32768.
+        options["max_model_len"] = 32768
+        options["images_per_prompt"] = max([1, *(item.get("n_images", 1) for item in items)])
     if args.backend == "openai":
         options.update({"base_url": args.base_url, "api_key_env": args.api_key_env})
     options.update(dict(_option(o) for o in args.backend_option))
@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--split", default="dev,validation",
                            help="comma-separated MMMU splits (default dev,validation, as VLMEvalKit's MMMU_DEV_VAL)")
         p.add_argument("--limit", type=int, help="only the first N samples (smoke tests)")
-        p.add_argument("--max-new-tokens", type=int, help="default: the backend's (512)")
+        p.add_argument("--max-new-tokens", type=int, default=2048, help="default 2048, VLMEvalKit's for Qwen2-VL")
         p.add_argument("--batch-size", type=int, default=8, help="hf backend batch size")
         p.add_argument("--pixels", choices=["vlmevalkit", "model"], default="vlmevalkit",
                        help="image resolution: VLMEvalKit's Qwen2-VL-7B settings (default) or the processor's own")
