@@ -123,6 +123,11 @@ def score(args) -> int:
         print(f"note: no VLMEvalKit-format files for the {profile} profile (they hold VLMEvalKit's rules)")
     if bench is mmmu and set(result["splits"]) != {"dev", "validation"}:
         print("note: the SPY reference reads an MMMU CSV with both a dev and a validation row; run --split dev,validation")
+    if result.get("images_without_two_questions"):
+        print(f"warning: {len(result['images_without_two_questions'])} MME images do not have exactly 2 questions "
+              "(a --limit cut?); acc+ then counts an image whose questions present are all right")
+    if result.get("over_cap"):
+        print(f"warning: more items than the benchmark has in {', '.join(result['over_cap'])}; capped")
     if result["n_failed"]:
         print(f"warning: {result['n_failed']} samples have no response (generation failed); they count as wrong")
     print(describe(result))
