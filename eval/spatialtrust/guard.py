@@ -146,6 +146,8 @@ def read_final(text, record: dict, committed: dict, box_scale: str = "pixels") -
                     boxes.setdefault(key, []).append(box)
         factors = []
         entries = lookup(obj, free_qid)
+        if isinstance(lookup(entries, "factors"), list):  # {"factors": [...]} instead of the bare list
+            entries = lookup(entries, "factors")
         if entries is None:
             entries = []
             if factors_fixed:

@@ -23,7 +23,8 @@ def table(runs: dict[str, dict]) -> str:
     rows = []
     for name, m in runs.items():
         unparsable = m.get("unparsable")
-        rows.append({"run": name, **{c: m.get(c) for c in COLUMNS}, "images": m.get("n_images"),
+        scores = {c: float(m[c]) if isinstance(m.get(c), (int, float)) else None for c in COLUMNS}
+        rows.append({"run": name, **scores, "images": m.get("n_images"),
                      "unparsable": sum(unparsable.values()) if isinstance(unparsable, dict) else None})
     return markdown_table(rows, ["run", *COLUMNS, "images", "unparsable"])
 
