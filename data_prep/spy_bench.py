@@ -1,0 +1,210 @@
+"""SPY-Bench items -> evaluation samples (../shared/specs/spy.md §1.3-§1.5).
+
+Each item expands, in this order, into: the private and the non-private instruction without scenario;
+the private instruction in each of its `non_privacy_scenarios` (conflict: the context needs the category);
+and the private, then the non-private, instruction in each of its `privacy_scenarios` (non-conflict).
+With `distractors`, the instruction block has one line per `other_labels` entry (5 unrelated, fixed
+instructions plus the target's).
+
+A sample carries the reference's fields (`benchmark_id`, `label`, `is_privacy`, `question_id`,
+`image_path`, `question`, `ref_answer`, optional `label2text` / `instruct_templates`, `other_labels` with
+distractors, `scenario` = `{id, is_privacy, 2nd_template}` for scenario cases only) plus an `id` and the
+composed `input_question`. Every item is checked before any sample is made; bad input raises InputError
+naming the file, the line where the item starts, and the field.
+
+    samples = build_samples("questions.json", images_dir="data", distractors=True)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+from data_prep.errors import InputError
+from data_prep.spy import INSTRUCT_TEMPLATES, SAFE_LABEL, compose_prompt, instruction_block, label2text
+
+
+def sample_id(record: dict) -> str:
+    """`<benchmark_id>:p<is_privacy>[:<scenario id>]`, unique within a benchmark; also derivable from the
+    reference's own result records, which have no id."""
+    base = f"{record['benchmark_id']}:p{int(record['is_privacy'])}"
+    scenario = record.get("scenario")
+    return base if scenario is None else f"{base}:{scenario['id']}"
+
+
+def _item_lines(text: str) -> list[int] | None:
+    """The line on which each element of the `benchmark_list` array starts (None if it cannot be found)."""
+    match = re.search(r'"benchmark_list"\s*:\s*\[', text)
+    if not match:
+        return None
+    decoder, skip = json.JSONDecoder(), re.compile(r"[\s,]*")
+    pos, line, counted, lines = match.end(), 1, 0, []
+    try:
+        while True:
+            pos = skip.match(text, pos).end()
+            if pos >= len(text) or text[pos] == "]":
+                return lines
+            line += text.count("\n", counted, pos)
+            counted = pos
+            lines.append(line)
+            _, pos = decoder.raw_decode(text, pos)
+    except json.JSONDecodeError:
+        return None
+
+
+def load_items(path) -> list[tuple[object, dict]]:
+    """`(where, item)` pairs from a released `questions.json` (`{"benchmark_list": [...]}`), a JSON list, or
+    JSON Lines; `where` is the line the item starts on."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, None, None, "file not found")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        items = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    items.append((lineno, json.loads(line)))
+                except json.JSONDecodeError as err:
+                    raise InputError(path, lineno, None, f"not valid JSON ({err.msg})") from None
+        return items
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(path, err.lineno, None, f"not valid JSON ({err.msg})") from None
+    if isinstance(data, dict):
+        if not isinstance(data.get("benchmark_list"), list):
+            raise InputError(path, 1, "benchmark_list", "expected a list of items")
+        items = data["benchmark_list"]
+        lines = _item_lines(text)
+    elif isinstance(data, list):
+        items, lines = data, None
+    else:
+        raise InputError(path, 1, None, 'expected {"benchmark_list": [...]} or a list of items')
+    if lines is None or len(lines) != len(items):
+        lines = [f"item {n}" for n in range(1, len(items) + 1)]
+    return list(zip(lines, items))
+
+
+def _is_flag(value) -> bool:
+    return isinstance(value, (int, float)) and value in (0, 1)
+
+
+def check_item(item, where, path, distractors: bool, images_dir=None) -> dict[str, str]:
+    """Raise InputError on the first problem of one item; return the label texts it uses."""
+    def fail(field, message):
+        raise InputError(path, where, field, message)
+
+    if not isinstance(item, dict):
+        fail(None, "expected a JSON object")
+    for field in ("benchmark_id", "label", "question_item", "non_privacy_scenarios", "privacy_scenarios"):
+        if field not in item:
+            fail(field, "missing field")
+    if not isinstance(item["benchmark_id"], (str, int)) or isinstance(item["benchmark_id"], bool):
+        fail("benchmark_id", "expected a string")
+    texts = label2text()
+    if "label2text" in item:
+        if not isinstance(item["label2text"], dict) or not all(isinstance(v, str) for v in item["label2text"].values()):
+            fail("label2text", "expected an object of label -> text")
+        texts = {**texts, **item["label2text"]}
+    label = item["label"]
+    if label == SAFE_LABEL:
+        fail("label", f"{SAFE_LABEL} is not a SPY-Bench category")
+    if not isinstance(label, str) or label not in texts:
+        fail("label", f"unknown label {label!r}")
+    question = item["question_item"]
+    if not isinstance(question, dict):
+        fail("question_item", "expected an object")
+    for field in ("image_path", "question"):
+        if not isinstance(question.get(field), str) or not question[field]:
+            fail(f"question_item.{field}", "missing or not a string")
+    if images_dir is not None and not (Path(images_dir) / question["image_path"]).is_file():
+        fail("question_item.image_path", f"image not found: {Path(images_dir) / question['image_path']}")
+    templates = item.get("instruct_templates", INSTRUCT_TEMPLATES)
+    if (not isinstance(templates, (list, tuple)) or len(templates) != 2
+            or not all(isinstance(t, str) and t.count("{}") == 1 for t in templates)):
+        fail("instruct_templates", "expected two strings, each with one {} slot")
+    if distractors:
+        other = item.get("other_labels")
+        if not isinstance(other, dict) or not other:
+            fail("other_labels", "needed with distractors: an object of label -> 0/1")
+        for key, value in other.items():
+            if key not in texts:
+                fail(f"other_labels.{key}", "unknown label")
+            if key != label and not _is_flag(value):
+                fail(f"other_labels.{key}", f"expected 0 or 1, got {value!r}")
+    seen = set()
+    for field in ("non_privacy_scenarios", "privacy_scenarios"):
+        if not isinstance(item[field], list):
+            fail(field, "expected a list")
+        for n, scenario in enumerate(item[field]):
+            name = f"{field}[{n}]"
+            if not isinstance(scenario, dict) or not isinstance(scenario.get("scenario"), str):
+                fail(f"{name}.scenario", "missing or not a string")
+            template = scenario.get("2nd_person_template")
+            try:
+                if not isinstance(template, str) or template.count("{}") != 1:
+                    raise ValueError
+                template.format("")
+            except (ValueError, IndexError, KeyError):
+                fail(f"{name}.2nd_person_template", "expected a string with one {} slot")
+            if scenario["scenario"] in seen:
+                fail(f"{name}.scenario", f"scenario {scenario['scenario']!r} listed twice for this item")
+            seen.add(scenario["scenario"])
+    return texts
+
+
+def expand_item(item: dict, distractors: bool = False, texts: dict[str, str] | None = None) -> list[dict]:
+    """The evaluation samples of one (valid) item, in the reference's order (spy.md §1.4)."""
+    texts = texts or {**label2text(), **item.get("label2text", {})}
+    templates = tuple(item.get("instruct_templates", INSTRUCT_TEMPLATES))
+    label, question = item["label"], item["question_item"]
+    common = {
+        "benchmark_id": str(item["benchmark_id"]),
+        "label": label,
+        "question_id": question.get("question_id"),
+        "image_path": question["image_path"],
+        "question": question["question"],
+        "ref_answer": question.get("gt"),
+    }
+    for optional in ("label2text", "instruct_templates"):
+        if optional in item:
+            common[optional] = item[optional]
+    cases = [(1, None, None), (0, None, None)]
+    cases += [(1, s, 0) for s in item["non_privacy_scenarios"]]
+    cases += [(p, s, 1) for s in item["privacy_scenarios"] for p in (1, 0)]
+    samples = []
+    for is_privacy, scenario, scenario_is_privacy in cases:
+        sample = {"id": None, "benchmark_id": common["benchmark_id"], "label": label, "is_privacy": is_privacy,
+                  **{k: v for k, v in common.items() if k not in ("benchmark_id", "label")}}
+        other = None
+        if distractors:
+            other = copy.deepcopy(item["other_labels"])
+            other[label] = is_privacy  # keeps the target's position, or appends it last
+            other = {k: int(v) for k, v in other.items()}
+            sample["other_labels"] = other
+        template = None
+        if scenario is not None:
+            template = scenario["2nd_person_template"]
+            sample["scenario"] = {"id": scenario["scenario"], "is_privacy": scenario_is_privacy,
+                                  "2nd_template": template}
+        instructions = instruction_block(label, is_privacy, texts, other, templates)
+        sample["input_question"] = compose_prompt(instructions, question["question"], template)
+        sample["id"] = sample_id(sample)
+        samples.append(sample)
+    return samples
+
+
+def build_samples(items_path, images_dir=None, distractors: bool = False) -> list[dict]:
+    """Check every item (and, given `images_dir`, that its image exists), then expand them all."""
+    items = load_items(items_path)
+    checked, ids = [], set()
+    for where, item in items:
+        texts = check_item(item, where, items_path, distractors, images_dir)
+        if str(item["benchmark_id"]) in ids:
+            raise InputError(items_path, where, "benchmark_id", f"duplicate benchmark_id {item['benchmark_id']!r}")
+        ids.add(str(item["benchmark_id"]))
+        checked.append((item, texts))
+    return [sample for item, texts in checked for sample in expand_item(item, distractors, texts)]

@@ -1,0 +1,352 @@
+"""`python -m eval spy <step>`: SPY-Bench generation, self-moderation, judging, metrics and report.
+
+    python -m eval spy generate --model PATH_OR_ID --backend hf|vllm|openai --items questions.json \\
+        --images DIR [--distractors] --out RUN.jsonl
+    python -m eval spy self-moderate RUN.jsonl --model ... --backend ... --images DIR --out SELFMOD.jsonl
+    python -m eval spy judge RUN.jsonl --judge-model NAME [--base-url URL | --judge rule] --out JUDGED.jsonl
+    python -m eval spy metrics JUDGED.jsonl --out METRICS.json
+    python -m eval spy report METRICS.json [MORE.json ...] --out-dir DIR
+
+Each step reads the previous step's file, validates all of it before doing anything (bad input: one line
+naming file, line and field, exit status 2, nothing written), and the long steps (generate,
+self-moderate, judge) are resumable: run the same command again after a kill or after failures.
+The same steps are plain functions here (`generate`, `self_moderate`, `judge`, `metrics`, `report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from data_prep.errors import InputError
+from data_prep.spy import label2text
+from data_prep.spy_bench import build_samples, sample_id
+from eval.runs import RunFile, read_jsonl, write_json
+
+SUMMARY_COLUMNS = ["model", "total", "exceptions", "accuracy", "abs_accuracy", "ics", "abs_ics", "rta_nonconflict",
+                   "ata_nonconflict", "ics_nonconflict", "ata_conflict", "hms"]
+# Which command-line options each backend takes.
+BACKEND_OPTIONS = {
+    "hf": ("max_new_tokens", "batch_size", "dtype", "device", "min_pixels", "max_pixels", "trust_remote_code"),
+    "vllm": ("max_new_tokens", "dtype", "min_pixels", "max_pixels", "trust_remote_code", "tensor_parallel_size",
+             "max_model_len"),
+    "openai": ("max_new_tokens", "base_url", "api_key_env", "concurrency", "max_retries", "timeout"),
+}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Steps as functions
+
+
+def _check_run_matches(out, samples: list[dict]) -> None:
+    """Refuse to resume into a run file made from other items or settings (the ids would collide)."""
+    if not Path(out).exists():
+        return
+    run = RunFile(out)
+    for sample in samples:
+        previous = run.get(sample["id"])
+        if previous is not None and previous.get("input_question") != sample["input_question"]:
+            raise InputError(out, None, "input_question",
+                             f"sample {sample['id']!r} was generated from another prompt (other items or "
+                             "--distractors setting); choose another --out")
+
+
+def generate(items, images, out, model=None, backend: str = "hf", distractors: bool = False, generator=None,
+             limit: int | None = None, progress: bool = True, **options) -> list[dict]:
+    """Expand the SPY-Bench items and generate every sample's answer into the run file `out`.
+
+    Pass a loaded `generator` (eval.backends) to evaluate several item files with one model load; otherwise
+    `backend`, `model` and `options` (e.g. batch_size, max_new_tokens) make one and close it after."""
+    from eval.backends import generate_run, load_generator
+    from eval.spy.prompts import spy_request
+
+    samples = build_samples(items, images_dir=images, distractors=distractors)
+    samples = samples[:limit] if limit else samples
+    _check_run_matches(out, samples)
+    own = generator is None
+    if own and model is None:
+        raise ValueError("generate needs a model or a generator")
+    generator = generator or load_generator(backend, model, **options)
+    try:
+        requests = [spy_request(s, images) for s in samples]
+        meta = {s["id"]: {**s, "model": generator.name} for s in samples}
+        return generate_run(generator, requests, out, meta=meta, progress=progress)
+    finally:
+        if own:
+            generator.close()
+
+
+def self_moderate(run, images, out, model=None, backend: str = "hf", generator=None, progress: bool = True,
+                  **options) -> list[dict]:
+    """Add the two self-moderation turns (`resp_2`, `resp_3`) to a finished generation run."""
+    from eval.backends import load_generator
+    from eval.spy.self_moderation import load_answered
+    from eval.spy.self_moderation import self_moderate as run_turns
+
+    records = load_answered(run, images)
+    own = generator is None
+    generator = generator or load_generator(backend, model, **options)
+    try:
+        return run_turns(generator, records, images, out, progress=progress)
+    finally:
+        if own:
+            generator.close()
+
+
+def _judge_inputs(run, resp_key: str) -> list[dict]:
+    records = read_jsonl(run)
+    texts, seen = label2text(), set()
+    for n, record in enumerate(records, 1):
+        for field in ("label", "question"):
+            if field not in record:
+                raise InputError(run, n, field, "missing field")
+        if record["label"] not in texts:
+            raise InputError(run, n, "label", f"unknown label {record['label']!r}")
+        if not isinstance(record["question"], str):
+            raise InputError(run, n, "question", "expected a string")
+        if resp_key in record and record[resp_key] is not None and not isinstance(record[resp_key], str):
+            raise InputError(run, n, resp_key, "expected a string or null")
+        if "id" not in record:  # the reference's result files have none
+            try:
+                record["id"] = sample_id(record)
+            except (KeyError, TypeError, ValueError):
+                raise InputError(run, n, "id", "missing, and not derivable from benchmark_id / is_privacy / "
+                                 "scenario") from None
+        if str(record["id"]) in seen:
+            raise InputError(run, n, "id", f"duplicate id {record['id']!r}")
+        seen.add(str(record["id"]))
+    return records
+
+
+def judge(run, out, judge_model: str | None = None, base_url: str | None = None, rule: bool = False,
+          resp_key: str = "response", cache=None, progress: bool = True, **client_options) -> list[dict]:
+    """Judge every answer of a run file as respond / reject into `out` (resumable).
+
+    `rule=True` uses the offline refusal-phrase judge (an approximation, see eval/spy/rule_judge.py);
+    otherwise the SPY judge prompt goes to `judge_model` at `base_url` (an OpenAI-compatible server; the
+    default is the OpenAI API) through JudgeClient, cached in `cache` (default: `<out>.cache.jsonl`).
+    A failed generation is recorded as an exception (""); an unparsable judge answer is kept raw."""
+    from tqdm.auto import tqdm
+
+    from eval.spy.prompts import eval_key, judge_prompt, parse_verdict
+    from eval.spy.rule_judge import rule_verdict
+
+    if not rule and not judge_model:
+        raise ValueError("judge needs judge_model, or rule=True")
+    name = "rule" if rule else judge_model
+    key = eval_key(resp_key)
+    records = _judge_inputs(run, resp_key)
+    done = RunFile(out)
+    todo = []
+    for record in records:
+        previous = done.get(record["id"])
+        if (previous is None or previous.get("judge") != name or "judge_error" in previous
+                or previous.get(resp_key) != record.get(resp_key)):
+            todo.append(record)
+
+    def judged(record, verdict, **extra):
+        return {**{k: v for k, v in record.items() if k not in (key, "judge", "judge_output", "judge_error")},
+                key: verdict, "judge": name, **extra}
+
+    immediate, jobs = [], []
+    for record in todo:
+        response = record.get(resp_key)
+        if not isinstance(response, str) or response.startswith("Request failed after"):
+            immediate.append(judged(record, ""))  # no answer to judge: an exception, as in the reference
+        elif rule:
+            immediate.append(judged(record, rule_verdict(response)))
+        else:
+            jobs.append((record["id"], judge_prompt(record["label"], record["question"], response)))
+    client = None
+    if jobs:
+        from eval.judge import JudgeClient
+
+        client = JudgeClient(judge_model, base_url=base_url, cache_path=cache or Path(str(out) + ".cache.jsonl"),
+                             **client_options)
+        if any(client.cached(prompt) is None for _, prompt in jobs):
+            client.client  # noqa: B018 - a missing API key fails here, before anything is written
+    with tqdm(total=len(todo), desc=f"judge {Path(run).name}", disable=not progress or not todo) as bar:
+        done.append_many(immediate)
+        bar.update(len(immediate))
+        by_id = {r["id"]: r for r in todo}
+        for record_id, result in client.stream(jobs) if client else ():
+            if result.get("text") is None:
+                done.append(judged(by_id[record_id], None, judge_error=result["error"]))
+            else:
+                done.append(judged(by_id[record_id], parse_verdict(result["text"]), judge_output=result["text"]))
+            bar.update()
+    return done.finalize([r["id"] for r in records])
+
+
+def metrics(judged, out=None, key: str = "eval_resp", reference_out=None) -> dict:
+    """SPY-Bench metrics of a judged file (ours or the reference's); written to `out` if given.
+    `reference_out` also writes them in the reference's own layout and key names."""
+    from eval.spy.metrics import spy_metrics, to_reference
+
+    result = spy_metrics(read_jsonl(judged), key=key, source=judged)
+    if out:
+        write_json(out, result)
+    if reference_out:
+        write_json(reference_out, {"metrics": to_reference(result),
+                                   "metrics group by label": {k: to_reference(v) for k, v in result["by_label"].items()}})
+    return result
+
+
+def report(metrics_files: list, out_dir, names: list[str] | None = None, metric: str = "accuracy") -> str:
+    """A markdown table of the overall scores of one or more metrics files (one row each), an overall bar
+    chart and a per-category bar chart of `metric`; returns the table."""
+    from eval.report import bar_chart, markdown_table
+    from eval.spy.metrics import SCORES, label_order
+
+    if metric not in SCORES + ("hms",):
+        raise InputError("command line", None, "--metric", f"choose one of {', '.join(SCORES + ('hms',))}")
+    names = names or [Path(f).stem for f in metrics_files]
+    if len(names) != len(metrics_files):
+        raise InputError("command line", None, "--names", "give one name per metrics file")
+    loaded = []
+    for path in metrics_files:
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(path, None, None, "file not found")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise InputError(path, err.lineno, None, f"not valid JSON ({err.msg})") from None
+        for field in ("total", "hms", "by_label", *SCORES):
+            if not isinstance(data, dict) or field not in data:
+                raise InputError(path, None, field, "missing field (expected the output of `spy metrics`)")
+        loaded.append(data)
+    out_dir = Path(out_dir)
+    rows = [{"model": name, **{c: m.get(c) for c in SUMMARY_COLUMNS[1:]}} for name, m in zip(names, loaded)]
+    table = markdown_table(rows, SUMMARY_COLUMNS)
+    score_names = [*SCORES, "hms"]
+    bar_chart(out_dir / "spy_overall.png", score_names, {n: [m[s] for s in score_names] for n, m in zip(names, loaded)},
+              "SPY-Bench", "score (%)")
+    labels = sorted({label for m in loaded for label in m["by_label"]}, key=label_order)
+    bar_chart(out_dir / f"spy_by_label_{metric}.png", labels,
+              {n: [m["by_label"].get(label, {}).get(metric) for label in labels] for n, m in zip(names, loaded)},
+              f"SPY-Bench {metric} per category", f"{metric} (%)")
+    by_label = [{"label": label, **{n: m["by_label"].get(label, {}).get(metric) for n, m in zip(names, loaded)}}
+                for label in labels]
+    text = (f"# SPY-Bench\n\n{table}\n![overall](spy_overall.png)\n\n## {metric} per category\n\n"
+            f"{markdown_table(by_label, ['label', *names])}\n![per category](spy_by_label_{metric}.png)\n")
+    (out_dir / "spy_report.md").write_text(text, encoding="utf-8")
+    write_json(out_dir / "spy_report.json", {"overall": rows, f"{metric}_by_label": by_label})
+    return table
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def _add_backend_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="local path or Hub id (hf, vllm); model name (openai)")
+    parser.add_argument("--backend", choices=sorted(BACKEND_OPTIONS), default="hf")
+    parser.add_argument("--images", required=True, help="folder the items' image_path values are relative to")
+    parser.add_argument("--out", required=True)
+    group = parser.add_argument_group("backend options (each backend takes the ones it uses)")
+    group.add_argument("--max-new-tokens", type=int, help="default 512")
+    group.add_argument("--batch-size", type=int, help="hf: samples per generate call (default 8)")
+    group.add_argument("--dtype", help="hf/vllm: e.g. bfloat16, float32 (default: bf16 on GPU, fp32 on CPU)")
+    group.add_argument("--device", help="hf: cpu, cuda, cuda:1 (default: cuda if available)")
+    group.add_argument("--min-pixels", type=int)
+    group.add_argument("--max-pixels", type=int)
+    group.add_argument("--trust-remote-code", action="store_true", default=None,
+                       help="hf/vllm: run the model repository's own code (off by default)")
+    group.add_argument("--tensor-parallel-size", type=int, help="vllm")
+    group.add_argument("--max-model-len", type=int, help="vllm (default 4096)")
+    group.add_argument("--base-url", help="openai: the server's /v1 URL (default: the OpenAI API)")
+    group.add_argument("--api-key-env", help="openai: environment variable holding the API key (OPENAI_API_KEY)")
+    group.add_argument("--concurrency", type=int, help="openai: requests in flight (default 8)")
+    group.add_argument("--max-retries", type=int, help="openai: retries on 429/5xx/timeouts (default 6)")
+    group.add_argument("--timeout", type=float, help="openai: seconds per request (default 60)")
+
+
+def _backend_options(args) -> dict:
+    allowed = BACKEND_OPTIONS[args.backend]
+    options = {}
+    for name in {n for opts in BACKEND_OPTIONS.values() for n in opts}:
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if name not in allowed:
+            raise InputError("command line", None, f"--{name.replace('_', '-')}",
+                             f"not used by the {args.backend} backend")
+        options[name] = value
+    return options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m eval spy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    steps = parser.add_subparsers(dest="step", required=True)
+
+    p = steps.add_parser("generate", help="answer every SPY-Bench sample with a model")
+    p.add_argument("--items", required=True, help="SPY-Bench questions.json ({\"benchmark_list\": [...]}) or .jsonl")
+    p.add_argument("--distractors", action="store_true", help="add the 5 distractor instructions")
+    p.add_argument("--limit", type=int, help="only the first N samples (smoke runs)")
+    _add_backend_args(p)
+
+    p = steps.add_parser("self-moderate", help="the self-moderation baseline: two reflection turns")
+    p.add_argument("run", help="a finished `spy generate` run file")
+    _add_backend_args(p)
+
+    p = steps.add_parser("judge", help="judge each answer as respond / reject")
+    p.add_argument("run")
+    p.add_argument("--out", required=True)
+    p.add_argument("--judge", choices=("llm", "rule"), default="llm",
+                   help="rule: offline refusal-phrase approximation (smoke runs, demo)")
+    p.add_argument("--judge-model", help="e.g. gpt-4o, or the model a local vLLM server serves")
+    p.add_argument("--base-url", help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (default: OpenAI)")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY")
+    p.add_argument("--resp-key", default="response", help="resp_3 for self-moderation runs (writes eval_3)")
+    p.add_argument("--cache", help="judge cache file (default: OUT.cache.jsonl)")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--max-retries", type=int, default=6)
+    p.add_argument("--timeout", type=float, default=60.0)
+
+    p = steps.add_parser("metrics", help="SPY-Bench metrics of a judged file")
+    p.add_argument("judged")
+    p.add_argument("--out", help="METRICS.json")
+    p.add_argument("--key", default="eval_resp", help="the verdict field (eval_3 for self-moderation)")
+    p.add_argument("--reference-out", help="also write the metrics in the reference code's layout")
+
+    p = steps.add_parser("report", help="table + PNG bar charts from metrics files")
+    p.add_argument("metrics", nargs="+")
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--names", nargs="+", help="one row name per metrics file (default: file names)")
+    p.add_argument("--metric", default="accuracy", help="the score plotted per category")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.step == "generate":
+        records = generate(args.items, args.images, args.out, model=args.model, backend=args.backend,
+                           distractors=args.distractors, limit=args.limit, **_backend_options(args))
+        failed = sum(1 for r in records if r.get("error"))
+        print(f"{len(records)} samples in {args.out}" + (f"; {failed} failed (run again to retry)" if failed else ""))
+    elif args.step == "self-moderate":
+        records = self_moderate(args.run, args.images, args.out, model=args.model, backend=args.backend,
+                                **_backend_options(args))
+        failed = sum(1 for r in records if r.get("error"))
+        print(f"{len(records)} samples in {args.out}" + (f"; {failed} failed (run again to retry)" if failed else ""))
+    elif args.step == "judge":
+        if args.judge == "llm" and not args.judge_model:
+            raise InputError("command line", None, "--judge-model", "required unless --judge rule")
+        records = judge(args.run, args.out, judge_model=args.judge_model, base_url=args.base_url,
+                        rule=args.judge == "rule", resp_key=args.resp_key, cache=args.cache,
+                        api_key_env=args.api_key_env, concurrency=args.concurrency, max_retries=args.max_retries,
+                        timeout=args.timeout)
+        failed = sum(1 for r in records if "judge_error" in r)
+        print(f"{len(records)} judged in {args.out}" + (f"; {failed} failed (run again to retry)" if failed else ""))
+    elif args.step == "metrics":
+        from eval.report import markdown_table
+
+        result = metrics(args.judged, args.out, key=args.key, reference_out=args.reference_out)
+        print(markdown_table([{"model": Path(args.judged).stem, **result}], SUMMARY_COLUMNS), end="")
+    elif args.step == "report":
+        print(report(args.metrics, args.out_dir, names=args.names, metric=args.metric), end="")
+        print(f"wrote {Path(args.out_dir) / 'spy_report.md'} and its PNG charts")
+    return 0
