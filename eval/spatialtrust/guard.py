@@ -270,7 +270,8 @@ def generate_predictions(generator, records: list[dict], mode: str, run_path, re
     run.append_many(lines)
     index = {r["image_id"]: i for i, r in enumerate(records)}
     ordered = sorted(run.records(), key=lambda x: (index.get(x.get("image_id"), len(index)),
-                                                   STAGE_ORDER.get(x.get("stage"), 9), str(x["id"])))
+                                                   STAGE_ORDER.get(x.get("stage"), 9), x.get("attempt", 0),
+                                                   str(x["id"])))
     run.finalize([x["id"] for x in ordered])
     return [line["prediction"] for line in lines]
 
