@@ -43,7 +43,8 @@ def read_jsonl(path, required: Iterable[str] = ()) -> list[dict]:
     return records
 
 
-def _atomic_write_text(path, text: str) -> None:
+def write_text(path, text: str) -> None:
+    """Write a text file atomically (temporary file + rename): readers see the old file or the new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -60,12 +61,12 @@ def _atomic_write_text(path, text: str) -> None:
 
 def write_json(path, obj) -> None:
     """Write JSON atomically (temporary file + rename): readers see the old file or the new one."""
-    _atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 def write_jsonl(path, records: Iterable[dict]) -> None:
     """Write a whole JSON Lines file atomically."""
-    _atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
 class RunFile:

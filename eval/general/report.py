@@ -6,7 +6,7 @@ from pathlib import Path
 
 from eval.general.composite import general_score
 from eval.general.results import NORMALIZER
-from eval.runs import _atomic_write_text, write_json
+from eval.runs import write_text, write_json
 
 # Qwen2-VL-7B-Instruct. "official": the QwenLM/Qwen2-VL README image-benchmark table. The reproductions:
 # VLMEvalKit MMMU from QwenLM/Qwen3-VL#628, VLMEvalKit MME (perception 1677.37 + reasoning 606.07) from
@@ -64,7 +64,7 @@ def write_report(general: dict, out_dir, label: str = "ours") -> dict:
                 "README = QwenLM/Qwen2-VL README; repro = published reproductions with VLMEvalKit / lmms-eval "
                 "(QwenLM/Qwen3-VL#628, #498); expect about +-1 point of run-to-run and environment noise.\n\n"
                 f"Inputs:\n{sources}\n")
-    _atomic_write_text(out_dir / "general_report.md", markdown)
+    write_text(out_dir / "general_report.md", markdown)
     write_json(out_dir / "general_report.json", report)
     normalized = [general[b]["value"] / NORMALIZER[b] for b in ("mmmu", "ocrbench", "mme")]
     published = [PUBLISHED["official"][b] / NORMALIZER[b] for b in ("mmmu", "ocrbench", "mme")]

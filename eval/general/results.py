@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 
 from data_prep.errors import InputError
-from eval.runs import _atomic_write_text, write_json
+from eval.runs import write_text, write_json
 
 BENCHMARKS = ("mmmu", "ocrbench", "mme")
 # Divide a benchmark's number by this to get its 0..100 term of the SPY general score.
@@ -88,7 +88,7 @@ def write_vlmeval(score: dict, directory, name: str | None = None) -> list[Path]
     paths = [directory / upstream.format(name or directory.resolve().name)]
     paths += [p for p in [directory / spy.format(name or directory.resolve().stem)] if p not in paths]
     for path in paths:
-        _atomic_write_text(path, text)
+        write_text(path, text)
     return paths
 
 
