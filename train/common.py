@@ -14,6 +14,8 @@ import yaml
 
 from data_prep.errors import InputError
 
+METHOD_NAMES = {"sft": "SFT", "dpo": "DPO", "nca": "NCA", "nca_p": "NCA-P"}
+
 
 @dataclass
 class SpyTuneArguments:
@@ -84,7 +86,8 @@ def load_datasets(method: str, script_args: SpyTuneArguments, seed: int):
         train = build(script_args.train_data_path, script_args.shuffle, script_args.num_train_samples)
         evaluation = build(script_args.eval_data_path, False, None) if script_args.eval_data_path else None
     except InputError as err:
-        sys.exit(f"error: {err}")
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     return train, evaluation
 
 
@@ -129,7 +132,7 @@ def write_model_card(output_dir, method: str, base_model: str, script_args, trai
 
 # {Path(output_dir).name}
 
-`{base_model}` fine-tuned with **{method.upper()}** on **{script_args.dataset_name}** by
+`{base_model}` fine-tuned with **{METHOD_NAMES[method]}** on **{script_args.dataset_name}** by
 [privacy-align](https://github.com/privacy-align/privacy-align), to follow privacy boundaries that users state
 in plain language (SPY-Tune / SPY-Bench).
 
