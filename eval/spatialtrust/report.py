@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eval.report import bar_chart, markdown_table
-from eval.runs import _atomic_write_text
+from eval.runs import write_text
 from eval.spatialtrust.data import QIDS
 
 COLUMNS = [*QIDS, "overall"]
@@ -35,7 +35,7 @@ def write_report(stem, runs: dict[str, dict], published: bool = True) -> tuple[P
     shown = {**runs, **(PUBLISHED if published else {})}
     md = stem.with_name(stem.name + ".md")
     note = "\nPaper rows: Qwen3-VL-30B-A3B-Instruct on the real 577-image set; a dash was not reported.\n"
-    _atomic_write_text(md, "# SpatialTrust\n\nScores in percent (IoU threshold 0.5).\n\n" + table(shown)
+    write_text(md, "# SpatialTrust\n\nScores in percent (IoU threshold 0.5).\n\n" + table(shown)
                        + (note if published else ""))
     png = bar_chart(stem.with_name(stem.name + ".png"), COLUMNS,
                     {name: [m.get(c) for c in COLUMNS] for name, m in shown.items()},
