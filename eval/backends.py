@@ -157,7 +157,7 @@ class HFGenerator(Generator):
                  for r in batch]
         flat = [image for request_images in images for image in request_images]
         inputs = self.processor(text=texts, images=flat or None, padding=True, return_tensors="pt")
-        inputs = inputs.to(self.device)
+        inputs = inputs.to(self.device, dtype=self.model.dtype)  # only floating tensors (pixels) are cast
         with torch.inference_mode():
             out = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False,
                                       temperature=None, top_p=None, top_k=None)

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -73,34 +74,48 @@ def wait_for_lines(path: Path, n: int, process, timeout: float = 60) -> None:
 
 
 def test_killed_generation_resumes_to_the_same_file(tmp_path, synthetic_dir):
-    def slow_answer(request):
-        time.sleep(0.03)
+    # The server answers the first `answered` requests of the killed run, then holds the rest until the
+    # process is dead: the kill lands mid-run, whatever the machine's speed.
+    limit, answered = 40, 10
+    gate, lock, served = threading.Event(), threading.Lock(), {"n": 0}
+    gate.set()
+
+    def gated_answer(request):
+        with lock:
+            served["n"] += 1
+            n = served["n"]
+        if n > answered:
+            gate.wait(timeout=60)
         return answer(request)
 
-    limit = 40
-    with ChatServer(slow_answer) as server:
+    with ChatServer(gated_answer) as server:
         common = ["--model", "fake-vlm", "--backend", "openai", "--base-url", server.base_url, "--concurrency", "2",
                   "--distractors", "--limit", str(limit)]
         whole = tmp_path / "whole.jsonl"
         assert eval_main(spy_args(synthetic_dir, whole, *common)) == 0
 
+        gate.clear()
+        served["n"] = 0
         killed = tmp_path / "killed.jsonl"
         command = [sys.executable, "-m", "eval", *spy_args(synthetic_dir, killed, *common)]
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    env={**os.environ, "PYTHONPATH": str(ROOT)})
-        wait_for_lines(killed, 8, process)
-        assert process.poll() is None  # still running: the kill really interrupts it
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        partial = killed.read_text()
-        assert 8 <= partial.count("\n") < limit
+        try:
+            wait_for_lines(killed, answered, process)
+            time.sleep(0.2)  # let the held requests arrive
+            assert process.poll() is None  # still running: the kill really interrupts it
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+        finally:
+            gate.set()
+        assert killed.read_text().count("\n") == answered
         with open(killed, "a") as f:  # and a torn last line, as a kill mid-write leaves
             f.write('{"id": "20000001:p0", "benchmark_id": "200')
         before = len(server.requests)
         assert eval_main(spy_args(synthetic_dir, killed, *common)) == 0
         resent = len(server.requests) - before
     assert killed.read_bytes() == whole.read_bytes()
-    assert resent == limit - partial.count("\n")  # nothing finished was asked again
+    assert resent == limit - answered  # nothing finished was asked again
     records = read_jsonl(whole)
     assert len(records) == limit and len({r["id"] for r in records}) == limit
     assert all(r["model"] == "fake-vlm" and r["response"] for r in records)

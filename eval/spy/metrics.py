@@ -50,7 +50,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from data_prep.errors import InputError
-from data_prep.spy import SAFE_LABEL, expected_verdict, is_abs
+from data_prep.spy import SAFE_LABEL, expected_verdict, is_abs, label_sort_key
 
 SCORES = ("accuracy", "abs_accuracy", "ics", "abs_ics", "rta_nonconflict", "ata_nonconflict", "ics_nonconflict",
           "ata_conflict")
@@ -177,10 +177,10 @@ def _metrics(records: list[tuple[int, dict]], key: str, source) -> dict:
 
 
 def label_order(label: str) -> tuple:
-    head = label.split("_")[0]
-    if head[:1] == "a" and head[1:].isdigit():
-        return (0, int(head[1:]), label)
-    return (1, 0, label)  # deviation 6
+    try:
+        return (0, label_sort_key(label), label)
+    except ValueError:
+        return (1, 0, label)  # deviation 6
 
 
 def spy_metrics(records: list[dict], key: str = "eval_resp", source="records") -> dict:
