@@ -150,6 +150,17 @@ class HFGenerator(Generator):
         ).to(device).eval()
         self.device = device
 
+    def close(self) -> None:
+        """Free the weights (the demo evaluates several checkpoints in one process)."""
+        import gc
+
+        import torch
+
+        self.model = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     def _generate_batch(self, batch: list[dict], images: list[list]) -> list[str]:
         import torch
 
@@ -239,6 +250,9 @@ class VLLMGenerator(Generator):
             **({"mm_processor_kwargs": mm_kwargs} if mm_kwargs else {}), **engine_args,
         )
         self.sampling = vllm.SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
+
+    def close(self) -> None:
+        self.llm = None
 
     def generate(self, requests: list[dict]) -> Iterator[dict]:
         check_requests(requests)

@@ -199,3 +199,5 @@ def test_hf_backend_generates_from_image_and_text(tiny_model_dir, tmp_path):
     assert alone["text"] == results["r2"]["text"]
     records = generate_run(gen, requests[:2], tmp_path / "hf.jsonl", progress=False)
     assert [r["response"] for r in records] == [results["r0"]["text"], results["r1"]["text"]]
+    gen.close()
+    assert gen.model is None
