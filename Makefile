@@ -29,7 +29,7 @@ lint: $(STAMP)
 # vLLM pins its own torch and transformers, so it lives in its own environment (GPU machines only).
 vllm-env:
 	test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm
-	.venv-vllm/bin/pip install -q "vllm==0.33.0" "openai>=1.60,<3" "matplotlib>=3.9,<4" "tqdm>=4.66" PyYAML
+	.venv-vllm/bin/pip install -q "vllm==0.33.0" "openai>=1.60,<4" "matplotlib>=3.9,<4" "tqdm>=4.66" PyYAML
 	.venv-vllm/bin/pip install -q --no-deps -e .
 
 clean:

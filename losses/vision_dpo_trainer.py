@@ -30,6 +30,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
 from trl.trainer.utils import hash_module, use_adapter
 
+from losses.checkpointing import HubFormatResumeMixin
 from losses.shared_vision import enable_shared_vision, share_images
 
 # Batch entries that are not model inputs.
@@ -64,8 +65,8 @@ class PreferenceCollator(DataCollatorMixin):
         return batch
 
 
-class VisionDPOTrainer(DPOTrainer):
-    """DPOTrainer + shared vision encoding + vision-data reference precompute."""
+class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
+    """DPOTrainer + shared vision encoding + vision-data reference precompute (+ a resume fix)."""
 
     signature_columns = ["prompt", "chosen", "rejected", "images", "image", "ref_logps"]
     collator_class = PreferenceCollator

@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config  # noqa: E402
 
+from losses.checkpointing import HubFormatResumeMixin  # noqa: E402
 from train.common import (  # noqa: E402
     SpyTuneArguments,
     finish,
@@ -23,6 +24,10 @@ from train.common import (  # noqa: E402
 )
 
 
+class SpySFTTrainer(HubFormatResumeMixin, SFTTrainer):
+    """TRL's SFTTrainer, resuming full fine-tuning with the right weights (losses/checkpointing.py)."""
+
+
 def main():
     # args
     script_args, training_args, model_args = parse_recipe(SpyTuneArguments, SFTConfig, ModelConfig)
@@ -31,7 +36,7 @@ def main():
     # data
     train_dataset, eval_dataset = load_datasets("sft", script_args, training_args.seed)
     # trainer
-    trainer = SFTTrainer(
+    trainer = SpySFTTrainer(
         model=model,
         args=training_args,
         train_dataset=train_dataset,
