@@ -1,0 +1,342 @@
+"""Time one full training step of NCA-P and DPO on CPU, with shared vision encoding and precomputed reference
+log-probabilities each on and off, side by side in one process.
+
+A step is what the Trainer does per batch: `trainer.training_step` (policy forward + backward, and the reference
+forward unless the reference log-probabilities were precomputed) followed by the optimizer step. Each
+configuration collates one fixed batch once; the repetitions run every configuration once each, in a rotating
+order, so a burst of load from other processes hits all of them alike. Medians (and minima) are reported.
+
+Two random-weight Qwen2-VL models are built in a temporary directory with train/tiny_model.py:
+- tiny:  the test model (text hidden 64 / 2 layers, vision embed 32 / depth 2), 448x448 images resized to 224x224,
+         64 image tokens;
+- heavy: vision-heavy (text hidden 256 / 4 layers, vision embed 256 / depth 6), 448x448 images, 256 image tokens.
+
+    python benchmarks/train_step.py [--configs tiny,heavy] [--reps 3] [--batch-size 2] [--lora]
+                                    [--json benchmarks/results/train_step_cpu.json]
+
+Peak memory: the process holds every configuration at once, so its RSS high-water mark says nothing about one of
+them. Per configuration we report `state` (bytes of the tensors it keeps between steps: policy weights, optimizer
+state, the reference model when there is one) and `step` (how far RSS rises above its starting level during one
+step: activations, gradients, temporaries; measured after the timed repetitions by resetting the kernel's
+high-water mark, with glibc told to return large blocks to the OS at once), and their sum `peak`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+for _key, _value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                     "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+    os.environ.setdefault(_key, _value)
+
+MODEL_CONFIGS = {
+    "tiny": {},  # build_tiny_model's defaults: max_pixels 224*224
+    "heavy": {"hidden": 256, "layers": 4, "heads": 4, "kv_heads": 2, "vision_depth": 6, "vision_embed": 256,
+                  "max_pixels": 448 * 448},
+}
+IMAGE_SIZE = 448
+METHODS = ("nca_p", "dpo")
+METHOD_NAMES = {"nca_p": "NCA-P", "dpo": "DPO"}
+# (shared_vision, precompute_ref_log_probs); the first is the baseline: what TRL does out of the box
+VARIANTS = ((False, False), (True, False), (False, True), (True, True))
+
+
+def variant_name(method: str, shared: bool, precompute: bool) -> str:
+    return f"{method}/{'shared' if shared else 'repeated'}/{'precomputed' if precompute else 'live'}"
+
+
+# ---- memory -------------------------------------------------------------------------------------------------------
+
+def _libc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def release_freed_memory(libc) -> None:
+    """glibc keeps freed blocks; from here on, blocks over 64 KiB are mmapped and unmapped on free."""
+    if libc is not None:
+        libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD (fixed: no dynamic raise)
+        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
+        libc.malloc_trim(0)
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def reset_rss_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+        return True
+    except OSError:
+        return False
+
+
+def tensor_mb(tensors) -> float:
+    seen, total = set(), 0
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total / 2**20
+
+
+def state_mb(trainer) -> float:
+    """Weights of the policy and the reference model, and the optimizer state, kept between steps."""
+    import torch
+
+    tensors = list(trainer.model.parameters()) + list(trainer.model.buffers())
+    if trainer.ref_model is not None:
+        tensors += list(trainer.ref_model.parameters()) + list(trainer.ref_model.buffers())
+    for state in trainer.optimizer.state.values():
+        tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return tensor_mb(tensors)
+
+
+# ---- set-up -------------------------------------------------------------------------------------------------------
+
+def make_trainer(method, shared, precompute, model_dir, data_dir, out_dir, batch_size, lora):
+    from peft import LoraConfig
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from data_prep.spy_tune import build_dataset
+    from losses.nca_p_trainer import NCAPConfig, NCAPTrainer
+    from losses.vision_dpo_trainer import VisionDPOConfig, VisionDPOTrainer
+
+    dataset = build_dataset(method, data_dir / "train_data.json", data_dir, add_distractors=True, seed=0,
+                            num_samples=batch_size)
+    config_class, trainer_class = (NCAPConfig, NCAPTrainer) if method == "nca_p" else (VisionDPOConfig,
+                                                                                      VisionDPOTrainer)
+    args = config_class(output_dir=str(out_dir), use_cpu=True, bf16=False, report_to="none", max_length=None,
+                        activation_checkpointing=False, per_device_train_batch_size=batch_size,
+                        shared_vision=shared, precompute_ref_log_probs=precompute, disable_tqdm=True)
+    peft_config = (LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                              lora_dropout=0.0) if lora else None)
+    trainer = trainer_class(model=AutoModelForImageTextToText.from_pretrained(model_dir), args=args,
+                            train_dataset=dataset, processing_class=AutoProcessor.from_pretrained(model_dir),
+                            peft_config=peft_config)
+    trainer.create_optimizer()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's own loop, which we do not run
+    collate_times = []
+    for _ in range(3):
+        examples = [dict(trainer.train_dataset[i]) for i in range(batch_size)]  # decoded images, as a loader gives
+        t0 = time.perf_counter()
+        batch = trainer.data_collator(examples)
+        collate_times.append(time.perf_counter() - t0)
+    return trainer, batch, statistics.median(collate_times)
+
+
+def train_step(trainer, batch) -> float:
+    """One optimizer step on `batch`, as Trainer's loop does it; returns the loss."""
+    trainer._metrics["train"].clear()
+    loss = trainer.training_step(trainer.model, dict(batch))
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def batch_stats(batch) -> dict:
+    grid = batch["image_grid_thw"]
+    return {"sequences": int(batch["input_ids"].size(0)), "padded_length": int(batch["input_ids"].size(1)),
+            "tokens": int(batch["attention_mask"].sum()), "images_encoded": int(grid.size(0)),
+            "image_tokens_per_image": int(grid[0].prod()) // 4}
+
+
+# ---- benchmark ----------------------------------------------------------------------------------------------------
+
+def benchmark_config(name, workdir, data_dir, args, libc) -> dict:
+    from train.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(workdir / f"model-{name}", **MODEL_CONFIGS[name])
+    runs = {}
+    for method in args.methods:
+        for shared, precompute in VARIANTS:
+            key = variant_name(method, shared, precompute)
+            t0 = time.perf_counter()
+            trainer, batch, collate_s = make_trainer(method, shared, precompute, model_dir, data_dir,
+                                                     workdir / f"out-{name}", args.batch_size, args.lora)
+            runs[key] = {"trainer": trainer, "batch": batch, "times": [], "setup_s": time.perf_counter() - t0,
+                         "collate_s": collate_s}
+            print(f"  [{name}] built {key} ({runs[key]['setup_s']:.1f} s)", flush=True)
+    keys = list(runs)
+    for run in runs.values():  # warm-up: optimizer state, lazy initialisations
+        run["loss"] = train_step(run["trainer"], run["batch"])
+    for rep in range(args.reps):
+        order = keys[rep % len(keys):] + keys[:rep % len(keys)]
+        for key in order:
+            run = runs[key]
+            t0 = time.perf_counter()
+            train_step(run["trainer"], run["batch"])
+            run["times"].append(time.perf_counter() - t0)
+        print(f"  [{name}] repetition {rep + 1}/{args.reps}: "
+              + ", ".join(f"{k}={runs[k]['times'][-1]:.2f}s" for k in keys), flush=True)
+
+    release_freed_memory(libc)
+    can_measure = reset_rss_peak()
+    for key in keys:
+        run = runs[key]
+        if libc is not None:
+            libc.malloc_trim(0)
+        start = _status_kb("VmRSS")
+        if can_measure and reset_rss_peak():
+            train_step(run["trainer"], run["batch"])
+            run["step_mb"] = max(0, _status_kb("VmHWM") - start) / 1024
+        else:
+            run["step_mb"] = None
+        run["state_mb"] = state_mb(run["trainer"])
+
+    model = runs[keys[0]]["trainer"].model
+    params = {"total": sum(p.numel() for p in model.parameters()),
+              "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+    params["vision"] = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
+    result = {"model": {**MODEL_CONFIGS[name], "parameters": params}, "variants": {}, "ratios": {}}
+    for key in keys:
+        run = runs[key]
+        times = run["times"]
+        peak = None if run["step_mb"] is None else run["state_mb"] + run["step_mb"]
+        result["variants"][key] = {
+            "median_s": statistics.median(times), "min_s": min(times), "times_s": times,
+            "state_mb": run["state_mb"], "step_mb": run["step_mb"], "peak_mb": peak,
+            "loss_first_step": run["loss"], "batch": batch_stats(run["batch"]), "setup_s": run["setup_s"],
+            "collate_s": run["collate_s"],
+        }
+    for method in args.methods:
+        result["ratios"].update(method_ratios(method, result["variants"]))
+    del runs
+    return result
+
+
+RATIOS = {  # name: (slower variant, faster variant) as (shared, precompute)
+    "shared_vision_speedup": ((False, False), (True, False)),
+    "shared_vision_speedup_precomputed": ((False, True), (True, True)),
+    "precompute_speedup": ((True, False), (True, True)),
+    "precompute_speedup_repeated": ((False, False), (False, True)),
+    "combined_speedup": ((False, False), (True, True)),
+}
+
+
+def method_ratios(method: str, variants: dict) -> dict:
+    out = {}
+    for ratio, (slow, fast) in RATIOS.items():
+        a, b = variants[variant_name(method, *slow)], variants[variant_name(method, *fast)]
+        out[f"{method}_{ratio}"] = a["median_s"] / b["median_s"]
+        out[f"{method}_{ratio}_min"] = a["min_s"] / b["min_s"]
+    return out
+
+
+def _mb(x) -> str:
+    return "n/a" if x is None else f"{x:.0f}"
+
+
+def markdown_table(name: str, result: dict) -> str:
+    params = result["model"]["parameters"]
+    batches = {METHOD_NAMES[k.split("/")[0]]: v["batch"] for k, v in result["variants"].items()}
+    lines = [(f"### {name}: {params['total'] / 1e6:.1f}M parameters ({params['vision'] / 1e6:.1f}M vision, "
+             f"{params['trainable'] / 1e6:.2f}M trained)"), "",
+             "Batch: " + "; ".join(f"{m} {b['sequences']} sequences x {b['padded_length']} tokens, "
+                                   f"{b['image_tokens_per_image']} image tokens per image" for m, b in batches.items()),
+             "",
+             ("| method | vision | reference | median s | min s | vs repeated/live | state MB | step MB | peak MB "
+             "| collate s |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for key, v in result["variants"].items():
+        method, vision, reference = key.split("/")
+        base = result["variants"][variant_name(method, False, False)]["median_s"]
+        lines.append(f"| {METHOD_NAMES[method]} | {vision} | {reference} | {v['median_s']:.3f} | {v['min_s']:.3f} | "
+                     f"{base / v['median_s']:.2f}x | {_mb(v['state_mb'])} | {_mb(v['step_mb'])} | "
+                     f"{_mb(v['peak_mb'])} | {v['collate_s']:.3f} |")
+    lines.append("")
+    for key, value in result["ratios"].items():
+        if not key.endswith("_min"):
+            lines.append(f"- {key}: **{value:.2f}x** (min/min {result['ratios'][key + '_min']:.2f}x)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", default="tiny,heavy", help="comma-separated, of: " + ", ".join(MODEL_CONFIGS))
+    parser.add_argument("--methods", default="nca_p,dpo", help="comma-separated, of: " + ", ".join(METHODS))
+    parser.add_argument("--reps", type=int, default=3, help="timed repetitions of every configuration")
+    parser.add_argument("--batch-size", type=int, default=2, help="examples per step (NCA-P: 4 sequences each)")
+    parser.add_argument("--lora", action="store_true", help="LoRA (r=8, attention projections) instead of full FT")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (0: torch's default). 1 by default: on a shared machine, OpenMP "
+                             "threads that wait for a descheduled sibling make every op many times slower")
+    parser.add_argument("--json", help="write the results to this JSON file")
+    args = parser.parse_args(argv)
+    args.configs = [c for c in args.configs.split(",") if c]
+    args.methods = [m for m in args.methods.split(",") if m]
+    bad = [c for c in args.configs if c not in MODEL_CONFIGS] + [m for m in args.methods if m not in METHODS]
+    if bad or args.reps < 1 or args.batch_size < 1:
+        parser.error(f"unknown config/method {bad}" if bad else "--reps and --batch-size must be >= 1")
+
+    import datasets
+    import torch
+    import transformers
+    import trl
+
+    from data_prep.synthetic import build
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    libc = _libc()
+    started = time.time()
+    report = {
+        "benchmark": "train_step_cpu",
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "load_average_start": os.getloadavg(), "python": sys.version.split()[0],
+                    "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
+        "settings": {"reps": args.reps, "batch_size": args.batch_size, "finetune": "lora" if args.lora else "full",
+                     "image_size": IMAGE_SIZE, "dtype": "float32", "activation_checkpointing": False},
+        "configs": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-train-step-") as tmp:
+        workdir = Path(tmp)
+        data_dir = build(workdir / "data", train_per_label=1, test_per_label=1, image_size=IMAGE_SIZE)
+        for name in args.configs:
+            print(f"[{name}] building the model and {len(args.methods) * len(VARIANTS)} trainers", flush=True)
+            report["configs"][name] = benchmark_config(name, workdir, data_dir, args, libc)
+    report["machine"]["load_average_end"] = os.getloadavg()
+    report["wall_s"] = time.time() - started
+    for name, result in report["configs"].items():
+        prefix = "" if name == "heavy" else f"{name}_"
+        for method in args.methods:
+            for ratio in ("shared_vision_speedup", "precompute_speedup", "combined_speedup"):
+                report[f"{prefix}{method}_{ratio}"] = result["ratios"][f"{method}_{ratio}"]
+
+    print()
+    for name, result in report["configs"].items():
+        print(markdown_table(name, result))
+        print()
+    print(f"torch threads {torch.get_num_threads()}, load average {report['machine']['load_average_start']} -> "
+          f"{report['machine']['load_average_end']}, wall {report['wall_s']:.0f} s")
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(report, indent=1) + "\n")
+        os.replace(tmp, path)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
