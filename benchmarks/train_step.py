@@ -130,21 +130,33 @@ def make_trainer(method, shared, precompute, model_dir, data_dir, out_dir, batch
     trainer = trainer_class(model=AutoModelForImageTextToText.from_pretrained(model_dir), args=args,
                             train_dataset=dataset, processing_class=AutoProcessor.from_pretrained(model_dir),
                             peft_config=peft_config)
-    trainer.create_optimizer()
-    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's own loop, which we do not run
+    model = prepare_like_train(trainer)
     collate_times = []
     for _ in range(3):
         examples = [dict(trainer.train_dataset[i]) for i in range(batch_size)]  # decoded images, as a loader gives
         t0 = time.perf_counter()
         batch = trainer.data_collator(examples)
         collate_times.append(time.perf_counter() - t0)
-    return trainer, batch, statistics.median(collate_times)
+    return trainer, model, batch, statistics.median(collate_times)
 
 
-def train_step(trainer, batch) -> float:
+def prepare_like_train(trainer):
+    """What `Trainer.train()` sets up before its first step (without its loop): activation checkpointing, the
+    optimizer, and accelerate's preparation (device placement, mixed-precision autocast). Returns the model to step."""
+    args = trainer.args
+    if args.activation_checkpointing:
+        kwargs = dict(args.activation_checkpointing_kwargs or {})
+        trainer.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None)
+    trainer.create_optimizer()
+    model, trainer.optimizer = trainer.accelerator.prepare(trainer.model, trainer.optimizer)
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's own loop
+    return model
+
+
+def train_step(trainer, model, batch) -> float:
     """One optimizer step on `batch`, as Trainer's loop does it; returns the loss."""
     trainer._metrics["train"].clear()
-    loss = trainer.training_step(trainer.model, dict(batch))
+    loss = trainer.training_step(model, dict(batch))
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
     return loss.item()
@@ -168,20 +180,20 @@ def benchmark_config(name, workdir, data_dir, args, libc) -> dict:
         for shared, precompute in VARIANTS:
             key = variant_name(method, shared, precompute)
             t0 = time.perf_counter()
-            trainer, batch, collate_s = make_trainer(method, shared, precompute, model_dir, data_dir,
+            trainer, model, batch, collate_s = make_trainer(method, shared, precompute, model_dir, data_dir,
                                                      workdir / f"out-{name}", args.batch_size, args.lora)
-            runs[key] = {"trainer": trainer, "batch": batch, "times": [], "setup_s": time.perf_counter() - t0,
+            runs[key] = {"trainer": trainer, "model": model, "batch": batch, "times": [], "setup_s": time.perf_counter() - t0,
                          "collate_s": collate_s}
             print(f"  [{name}] built {key} ({runs[key]['setup_s']:.1f} s)", flush=True)
     keys = list(runs)
     for run in runs.values():  # warm-up: optimizer state, lazy initialisations
-        run["loss"] = train_step(run["trainer"], run["batch"])
+        run["loss"] = train_step(run["trainer"], run["model"], run["batch"])
     for rep in range(args.reps):
         order = keys[rep % len(keys):] + keys[:rep % len(keys)]
         for key in order:
             run = runs[key]
             t0 = time.perf_counter()
-            train_step(run["trainer"], run["batch"])
+            train_step(run["trainer"], run["model"], run["batch"])
             run["times"].append(time.perf_counter() - t0)
         print(f"  [{name}] repetition {rep + 1}/{args.reps}: "
               + ", ".join(f"{k}={runs[k]['times'][-1]:.2f}s" for k in keys), flush=True)
@@ -194,7 +206,7 @@ def benchmark_config(name, workdir, data_dir, args, libc) -> dict:
             libc.malloc_trim(0)
         start = _status_kb("VmRSS")
         if can_measure and reset_rss_peak():
-            train_step(run["trainer"], run["batch"])
+            train_step(run["trainer"], run["model"], run["batch"])
             run["step_mb"] = max(0, _status_kb("VmHWM") - start) / 1024
         else:
             run["step_mb"] = None

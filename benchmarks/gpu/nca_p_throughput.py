@@ -1,0 +1,541 @@
+"""NCA-P training throughput on one GPU: a random-weight Qwen2-VL-7B (or 2B) built in bf16 on the device, no
+download, no network. For each option (LoRA / full fine-tuning, shared vision encoding on / off, live /
+precomputed reference) and each image size, it runs the project's NCAPTrainer steps
+(`trainer.training_step` + optimizer step, as Trainer's loop does) and reports tokens per second, model FLOPs
+utilisation and peak GPU memory, as a table and JSON.
+
+    python benchmarks/gpu/nca_p_throughput.py [--model 7b|2b] [--out DIR] [--time-budget 450]
+    python benchmarks/gpu/nca_p_throughput.py --dry-run          # tiny config on CPU: checks the script end to end
+
+Model FLOPs of one step (the work the step needs, counted the same whether or not the vision tower is shared):
+    F(pass)  = 2 * N_text * T + 4 * L * d * sum(S_i^2)                                  (language model)
+             + sum over the batch's unique images of 2 * N_vision(P) + 4 * L_v * d_v * P^2   (vision tower)
+    step     = 3 * F(policy)  (forward + backward, i.e. 6 * N * tokens)  +  1 * F(reference) (2 * N * tokens;
+               0 when the reference log-probabilities are precomputed)
+with T the non-padding tokens of all sequences, S_i the length of sequence i, N_text the language model's
+weights without the embedding table (the LM head included), P an image's patches, N_vision(P) = (blocks +
+patch embedding) * P + merger * P / 4. Attention is counted as dense (non-causal) as in PaLM's MFU.
+MFU = step FLOPs / step time / --peak-tflops (989 = H200/H100 SXM dense bf16). With LoRA the frozen weights
+need no weight gradients, so the conventional 6N overstates the work done (by up to 1.5x on the language model).
+
+Every configuration runs in its own try/except: an out-of-memory error (full fine-tuning of 7B with AdamW may not
+fit) is recorded as `oom` and the rest still run. Configurations start in priority order while the time budget
+lasts; results are rewritten after each one, so a run stopped from outside keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import weakref
+from pathlib import Path
+
+for _key, _value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                     "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+    os.environ.setdefault(_key, _value)
+
+# Qwen2-VL's published configurations (config.json of Qwen/Qwen2-VL-{7B,2B}-Instruct); "tiny" is for --dry-run.
+MODEL_SPECS = {
+    "7b": {"text": {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+                    "intermediate_size": 18944, "vocab_size": 152064}, "tie_word_embeddings": False,
+           "vision": {"depth": 32, "embed_dim": 1280, "num_heads": 16, "mlp_ratio": 4}},
+    "2b": {"text": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+                    "intermediate_size": 8960, "vocab_size": 151936}, "tie_word_embeddings": True,
+           "vision": {"depth": 32, "embed_dim": 1280, "num_heads": 16, "mlp_ratio": 4}},
+    "tiny": {"text": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                      "intermediate_size": 256, "vocab_size": 2048}, "tie_word_embeddings": False,
+             "vision": {"depth": 2, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2}},
+}
+SPY_MIN_PIXELS, SPY_MAX_PIXELS = 200_704, 1_003_520  # recipes/*.yaml: 448x448 .. 1120x896
+LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # language model only (vision: qkv/fc1/..)
+
+
+# ---- model, processor, data ---------------------------------------------------------------------------------------
+
+def build_processor(workdir: Path, min_pixels: int, max_pixels: int):
+    """The tiny model's processor (a real Qwen2VLProcessor with the official chat template, BPE vocab ~1k)."""
+    from transformers import AutoProcessor
+
+    from train.tiny_model import build_tiny_model
+
+    path = build_tiny_model(workdir / "processor", min_pixels=min_pixels, max_pixels=max_pixels)
+    return AutoProcessor.from_pretrained(path)
+
+
+def build_model(spec: dict, processor, device: str, dtype):
+    """Random weights, built directly on `device` in `dtype`: nothing is downloaded or read from disk."""
+    import torch
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    from train.tiny_model import rope_sections
+
+    tokenizer = processor.tokenizer
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in
+           ("<|endoftext|>", "<|im_end|>", "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
+    text = spec["text"]
+    if text["vocab_size"] < len(tokenizer):
+        raise ValueError(f"model vocab {text['vocab_size']} < tokenizer vocab {len(tokenizer)}")
+    head_dim = text["hidden_size"] // text["num_attention_heads"]
+    config = Qwen2VLConfig(
+        text_config=dict(**text, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                          "mrope_section": rope_sections(head_dim)},
+                         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+                         pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=spec["tie_word_embeddings"]),
+        vision_config=dict(**spec["vision"], hidden_size=text["hidden_size"], in_channels=3, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=spec["tie_word_embeddings"],
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2VLForConditionalGeneration._from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model
+
+
+def parameter_counts(model) -> dict:
+    """Parameter groups the FLOP count needs (embedding table left out, LM head counted as a matmul)."""
+    groups = {"vision_blocks": 0, "vision_patch_embed": 0, "vision_merger": 0, "text": 0, "embedding": 0}
+    for name, p in model.named_parameters():
+        if ".visual.blocks." in f".{name}":
+            groups["vision_blocks"] += p.numel()
+        elif ".visual.patch_embed." in f".{name}":
+            groups["vision_patch_embed"] += p.numel()
+        elif ".visual." in f".{name}":
+            groups["vision_merger"] += p.numel()
+        elif "embed_tokens" in name:
+            groups["embedding"] += p.numel()
+        elif "lm_head" not in name:
+            groups["text"] += p.numel()
+    config = model.config.get_text_config()
+    groups["lm_head"] = config.vocab_size * config.hidden_size  # a matmul even when tied to the embedding
+    groups["total"] = sum(p.numel() for p in model.parameters())
+    return groups
+
+
+def make_images(source_dir: Path, target_dir: Path, size: tuple[int, int]) -> Path:
+    """A copy of the synthetic SPY-Tune image folder with every image resized to `size` (width, height)."""
+    from PIL import Image
+
+    for src in (source_dir / "images" / "train").glob("*.png"):
+        dst = target_dir / src.relative_to(source_dir)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        Image.open(src).convert("RGB").resize(size).save(dst)
+    return target_dir
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    w, _, h = text.lower().partition("x")
+    return int(w), int(h or w)
+
+
+# ---- one configuration ---------------------------------------------------------------------------------------------
+
+def step_flops(batch, counts: dict, spec: dict, live_reference: bool) -> dict:
+    text, vision = spec["text"], spec["vision"]
+    lengths = batch["attention_mask"].sum(dim=1).double()
+    tokens = int(lengths.sum())
+    n_text = counts["text"] + counts["lm_head"]
+    text_pass = 2 * n_text * tokens + 4 * text["num_hidden_layers"] * text["hidden_size"] * float((lengths ** 2).sum())
+    grid = batch["image_grid_thw"]
+    if "image_index" in batch:  # shared: one row per unique image already
+        unique = grid
+    else:  # repeated: the four sequences of an example show the same image; count it once
+        unique = grid[: grid.size(0) // 4]
+    vision_pass = 0.0
+    for patches in unique.prod(dim=-1).tolist():
+        vision_pass += 2 * ((counts["vision_blocks"] + counts["vision_patch_embed"]) * patches
+                            + counts["vision_merger"] * patches / 4)
+        vision_pass += 4 * vision["depth"] * vision["embed_dim"] * patches ** 2
+    per_pass = text_pass + vision_pass
+    return {"tokens": tokens, "flops": 3 * per_pass + (per_pass if live_reference else 0.0),
+            "vision_share": vision_pass / per_pass}
+
+
+def expected_speedups(counts: dict, spec: dict, patches: int, text_tokens: int, checkpointing: bool) -> dict:
+    """Step-time ratios predicted from the FLOPs each option executes, for one NCA-P example (4 sequences).
+
+    Executed per step (c = 1 with activation checkpointing): full fine-tuning runs the policy's forward, backward
+    (2x) and recomputation (c) through both towers; LoRA on the language model needs input gradients only (~1x)
+    there and no backward through the frozen vision tower. The live reference adds one forward of each; the vision
+    tower runs k = 4 times per model without sharing, once with it.
+    """
+    text, vision = spec["text"], spec["vision"]
+    length = text_tokens + patches // 4
+    f_text = 4 * (2 * (counts["text"] + counts["lm_head"]) * length
+                  + 4 * text["num_hidden_layers"] * text["hidden_size"] * length ** 2)
+    f_vision = (2 * ((counts["vision_blocks"] + counts["vision_patch_embed"]) * patches
+                     + counts["vision_merger"] * patches / 4)
+                + 4 * vision["depth"] * vision["embed_dim"] * patches ** 2)
+    c = int(checkpointing)
+
+    def step(finetune, k, live):
+        if finetune == "full":
+            policy = (3 + c) * (f_text + k * f_vision)
+        else:
+            policy = (2 + c) * f_text + k * f_vision
+        return policy + (f_text + k * f_vision if live else 0.0)
+
+    out = {"tokens_per_sequence": length, "vision_share_of_forward": f_vision / (f_text + f_vision)}
+    for finetune in ("full", "lora"):
+        out[f"{finetune}_shared_vision_speedup"] = step(finetune, 4, True) / step(finetune, 1, True)
+        out[f"{finetune}_precompute_speedup"] = step(finetune, 1, True) / step(finetune, 1, False)
+        out[f"{finetune}_combined_speedup"] = step(finetune, 4, True) / step(finetune, 1, False)
+    return out
+
+
+def estimate(args) -> int:
+    """--estimate: the FLOP-based expectations for 7B and 2B at SPY's image sizes (meta device: no memory, no GPU)."""
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="nca-p-estimate-") as tmp:
+        processor = build_processor(Path(tmp), SPY_MIN_PIXELS, SPY_MAX_PIXELS)
+    lines = [(f"Expected NCA-P step-time ratios from executed FLOPs ({args.text_tokens} text tokens per sequence, "
+             f"activation checkpointing {'on' if args.activation_checkpointing else 'off'})"), "",
+             ("| model | image | tokens/seq | vision share of a forward | shared vision: full FT | LoRA "
+             "| precompute (shared): full FT | LoRA | both: full FT | LoRA | reference weights freed |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    results = {}
+    for model_name in ("7b", "2b"):
+        spec = MODEL_SPECS[model_name]
+        model = build_model(spec, processor, "meta", torch.bfloat16)
+        counts = parameter_counts(model)
+        del model
+        for size in args.sizes:
+            w, h = parse_size(size)
+            patches = (w // 14) * (h // 14)
+            e = expected_speedups(counts, spec, patches, args.text_tokens, args.activation_checkpointing)
+            results[f"{model_name}/{size}"] = e
+            lines.append(
+                f"| {model_name.upper()} ({counts['total'] / 1e9:.2f}B) | {size} | {e['tokens_per_sequence']} | {e['vision_share_of_forward']:.0%} | "
+                f"{e['full_shared_vision_speedup']:.2f}x | {e['lora_shared_vision_speedup']:.2f}x | "
+                f"{e['full_precompute_speedup']:.2f}x | {e['lora_precompute_speedup']:.2f}x | "
+                f"{e['full_combined_speedup']:.2f}x | {e['lora_combined_speedup']:.2f}x | "
+                f"{2 * counts['total'] / 2**30:.1f} GiB (full FT) |")
+    print("\n".join(lines))
+    if args.out:
+        write_outputs(Path(args.out), {"benchmark": "nca_p_flop_estimate", "text_tokens": args.text_tokens,
+                                       "activation_checkpointing": args.activation_checkpointing,
+                                       "estimates": results}, "\n".join(lines), "nca_p_flop_estimate")
+    return 0
+
+
+def prepare_like_train(trainer):
+    """What `Trainer.train()` sets up before its first step (without its loop): activation checkpointing, the
+    optimizer, and accelerate's preparation (device placement, mixed-precision autocast). Returns the model to step."""
+    args = trainer.args
+    if args.activation_checkpointing:
+        kwargs = dict(args.activation_checkpointing_kwargs or {})
+        trainer.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None)
+    trainer.create_optimizer()
+    model, trainer.optimizer = trainer.accelerator.prepare(trainer.model, trainer.optimizer)
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's own loop
+    return model
+
+
+def train_step(trainer, model, batch) -> float:
+    """One optimizer step on `batch`, as Trainer's loop does it; returns the loss."""
+    trainer._metrics["train"].clear()
+    loss = trainer.training_step(model, dict(batch))
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def run_config(cfg: dict, args, processor, data_dir: Path, image_dirs: dict, workdir: Path, device: str,
+               state: dict) -> dict:
+    """One configuration; `state` receives what holds memory, so that the caller can free it even after an error."""
+    import torch
+    from peft import LoraConfig
+
+    from data_prep.spy_tune import build_dataset
+    from losses.nca_p_trainer import NCAPConfig, NCAPTrainer
+
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    spec = MODEL_SPECS[args.model]
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    result = {**cfg, "status": "ok"}
+    t_start = time.perf_counter()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        result["allocated_before_gb"] = torch.cuda.memory_allocated() / 2**30
+
+    model = build_model(spec, processor, device, dtype)
+    state["model_ref"] = weakref.ref(model)
+    counts = parameter_counts(model)
+    ref_model = None
+    if cfg["finetune"] == "full":
+        # TRL would load the reference from the model's Hub name, which a model built here does not have
+        state["ref_model"] = ref_model = copy.deepcopy(model)
+    result["build_s"] = time.perf_counter() - t_start
+
+    dataset = build_dataset("nca_p", data_dir / "train_data.json", image_dirs[cfg["image_size"]], seed=0,
+                            num_samples=args.batch_size)
+    training_args = NCAPConfig(
+        output_dir=str(workdir / "out" / cfg["name"]), use_cpu=not cuda, bf16=args.dtype == "bf16",
+        report_to="none", max_length=None, per_device_train_batch_size=args.batch_size,
+        activation_checkpointing=args.activation_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False} if args.activation_checkpointing else None,
+        shared_vision=cfg["shared_vision"], precompute_ref_log_probs=cfg["reference"] == "precomputed",
+        disable_tqdm=True, learning_rate=1e-7,
+    )
+    peft_config = None
+    if cfg["finetune"] == "lora":
+        peft_config = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0,
+                                 target_modules=args.lora_targets.split(","))
+    t0 = time.perf_counter()
+    trainer = NCAPTrainer(model=model, ref_model=ref_model, args=training_args, train_dataset=dataset,
+                          processing_class=processor, peft_config=peft_config)
+    state["trainer"] = trainer
+    state.pop("ref_model", None)
+    del model, ref_model
+    stepped = prepare_like_train(trainer)
+    batch = trainer.data_collator([dict(trainer.train_dataset[i]) for i in range(args.batch_size)])
+    result["trainer_s"] = time.perf_counter() - t0  # includes the reference pass when precomputed
+    result["trainable_params"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    result["parameters"] = counts
+    result["activation_checkpointing_active"] = bool(
+        getattr(trainer.accelerator.unwrap_model(stepped), "is_activation_checkpointing", False))
+    result["optimizer"] = str(getattr(training_args.optim, "value", training_args.optim))
+    if cuda:
+        result["setup_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+
+    flops = step_flops(batch, counts, spec, live_reference=cfg["reference"] == "live")
+    result.update({"sequences": int(batch["input_ids"].size(0)), "padded_length": int(batch["input_ids"].size(1)),
+                   "tokens_per_step": flops["tokens"], "model_tflop_per_step": flops["flops"] / 1e12,
+                   "vision_flop_share": flops["vision_share"],
+                   "image_tokens_per_image": int(batch["image_grid_thw"][0].prod()) // 4})
+    for _ in range(args.warmup):
+        result["loss_first_step"] = train_step(trainer, stepped, batch)
+    times = []
+    for _ in range(args.steps):
+        sync()
+        t0 = time.perf_counter()
+        train_step(trainer, stepped, batch)
+        sync()
+        times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    result.update({"step_times_s": times, "step_s": step_s, "tokens_per_s": flops["tokens"] / step_s,
+                   "examples_per_s": args.batch_size / step_s,
+                   "tflops": flops["flops"] / step_s / 1e12,
+                   "mfu": flops["flops"] / step_s / (args.peak_tflops * 1e12)})
+    if cuda:
+        result["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        result["reserved_peak_gb"] = torch.cuda.max_memory_reserved() / 2**30
+    result["wall_s"] = time.perf_counter() - t_start
+    return result
+
+
+def free(state: dict, device: str) -> bool:
+    """Drop every reference to the configuration's models; True when the policy model was really freed."""
+    import torch
+
+    model_ref = state.pop("model_ref", None)
+    state.clear()
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return model_ref is None or model_ref() is None
+
+
+def error_status(exc: BaseException) -> str:
+    import torch
+
+    if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return "oom"
+    return f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+
+
+# ---- the run ------------------------------------------------------------------------------------------------------
+
+def configurations(args) -> list[dict]:
+    """Priority order: live reference first (every size), then precomputed; LoRA before full FT; shared first."""
+    out = []
+    for reference in args.references:
+        for size in args.sizes:
+            for finetune in args.finetune:
+                for shared in args.shared:
+                    if reference == "precomputed" and not shared and "on" in args.shared_values:
+                        continue  # precompute is measured with the default (shared) encoding only
+                    name = f"{size}/{finetune}/{'shared' if shared else 'repeated'}/{reference}"
+                    out.append({"name": name, "image_size": size, "finetune": finetune, "shared_vision": shared,
+                                "reference": reference})
+    return out
+
+
+def markdown_table(results: list[dict], args) -> str:
+    lines = [(f"NCA-P on a random-weight Qwen2-VL-{args.model.upper()}, batch {args.batch_size} examples "
+             f"({4 * args.batch_size} sequences), {args.dtype}, activation checkpointing "
+             f"{'on' if args.activation_checkpointing else 'off'}, MFU against {args.peak_tflops:g} TFLOP/s"), "",
+             "| image | finetune | vision | reference | status | step s | tokens/s | TFLOP/s | MFU | peak GB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        def fmt(key, spec, r=r):
+            return format(r[key], spec) if r.get(key) is not None else "-"
+        lines.append(f"| {r['image_size']} | {r['finetune']} | {'shared' if r['shared_vision'] else 'repeated'} | "
+                     f"{r['reference']} | {r['status'][:60]} | {fmt('step_s', '.3f')} | {fmt('tokens_per_s', '.0f')} | "
+                     f"{fmt('tflops', '.1f')} | {fmt('mfu', '.1%')} | {fmt('peak_gb', '.1f')} |")
+    speedups = shared_speedups(results)
+    if speedups:
+        lines += ["", "Shared vision encoding, step-time ratio repeated / shared:"]
+        lines += [f"- {k}: **{v:.2f}x**" for k, v in speedups.items()]
+    return "\n".join(lines)
+
+
+def shared_speedups(results: list[dict]) -> dict:
+    ok = {r["name"]: r for r in results if r["status"] == "ok"}
+    out = {}
+    for name, r in ok.items():
+        if r["shared_vision"]:
+            other = ok.get(name.replace("/shared/", "/repeated/"))
+            if other:
+                out[name.replace("/shared", "")] = other["step_s"] / r["step_s"]
+    return out
+
+
+def write_outputs(out_dir: Path, report: dict, table: str, stem: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for suffix, text in ((".json", json.dumps(report, indent=1) + "\n"), (".md", table + "\n")):
+        path = out_dir / f"{stem}{suffix}"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="7b", choices=list(MODEL_SPECS))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--sizes", help="image sizes WxH (default: SPY's bounds, 1120x896 = 1,003,520 px and "
+                                         "448x448 = 200,704 px; --dry-run: 168x140,112x112)")
+    parser.add_argument("--min-pixels", type=int, help=f"image processor bound (default {SPY_MIN_PIXELS})")
+    parser.add_argument("--max-pixels", type=int, help=f"image processor bound (default {SPY_MAX_PIXELS})")
+    parser.add_argument("--finetune", default="lora,full", help="comma-separated: lora, full")
+    parser.add_argument("--shared", default="on,off", help="shared vision encoding: on, off or both")
+    parser.add_argument("--reference", default="live,precomputed", help="live, precomputed or both")
+    parser.add_argument("--batch-size", type=int, default=2, help="NCA-P examples per step (4 sequences each)")
+    parser.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                        help="as the recipes (default on)")
+    parser.add_argument("--lora-r", type=int, default=64)
+    parser.add_argument("--lora-targets", default=LORA_TARGETS)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per configuration")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration (median reported)")
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="the device's dense bf16 peak, for MFU")
+    parser.add_argument("--time-budget", type=float, default=450.0,
+                        help="seconds; no configuration starts once the elapsed time plus the longest one so far "
+                             "would pass it")
+    parser.add_argument("--out", default=None, help="output folder (default: $OUT, else benchmarks/results)")
+    parser.add_argument("--estimate", action="store_true",
+                        help="print the FLOP-based expected ratios for 7B and 2B at --sizes and exit (no GPU)")
+    parser.add_argument("--text-tokens", type=int, default=200, help="--estimate: text tokens per sequence")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="tiny model on CPU, small images, one step each: checks the script end to end")
+    args = parser.parse_args(argv)
+    defaults = ("1120x896,448x448", SPY_MIN_PIXELS, SPY_MAX_PIXELS)
+    if args.dry_run:
+        args.model, args.device, args.dtype = "tiny", "cpu", "fp32"
+        args.batch_size, args.warmup, args.steps = 1, 1, 1
+        defaults = ("168x140,112x112", 56 * 56, 224 * 224)
+    args.sizes = args.sizes or defaults[0]
+    args.min_pixels = args.min_pixels or defaults[1]
+    args.max_pixels = args.max_pixels or defaults[2]
+    args.sizes = [s for s in args.sizes.split(",") if s]
+    args.finetune = [f for f in args.finetune.split(",") if f]
+    args.shared_values = [s for s in args.shared.split(",") if s]
+    args.shared = [s == "on" for s in args.shared_values]
+    args.references = [r for r in args.reference.split(",") if r]
+    if (set(args.finetune) - {"lora", "full"} or set(args.shared_values) - {"on", "off"}
+            or set(args.references) - {"live", "precomputed"}):
+        parser.error("--finetune takes lora/full, --shared on/off, --reference live/precomputed")
+    if args.estimate:
+        return estimate(args)
+    out_dir = Path(args.out or os.environ.get("OUT") or Path(__file__).resolve().parents[1] / "results")
+    stem = f"nca_p_throughput_{args.model}{'_dry_run' if args.dry_run else ''}"
+
+    import datasets
+    import torch
+    import transformers
+
+    from data_prep.synthetic import build
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    device = args.device
+    if args.dry_run:
+        torch.set_num_threads(1)  # a shared CPU: OpenMP threads waiting on each other dominate tiny ops
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        print("no CUDA device: use --device cpu (or --dry-run)", file=sys.stderr)
+        return 2
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True  # the recipes' tf32: true
+        torch.backends.cudnn.allow_tf32 = True
+    started = time.perf_counter()
+    report = {
+        "benchmark": "nca_p_throughput", "model": args.model, "model_spec": MODEL_SPECS[args.model],
+        "device": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu",
+        "settings": {k: v for k, v in vars(args).items() if k not in ("shared_values",)},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "cuda": torch.version.cuda},
+        "flop_formula": "step = 3*F(policy) + F(reference, 0 if precomputed); F = 2*N_text*T + 4*L*d*sum(S^2) + "
+                        "sum_unique_images(2*N_vision*P + 4*L_v*d_v*P^2)",
+        "results": [],
+    }
+    configs = configurations(args)
+    with tempfile.TemporaryDirectory(prefix="nca-p-throughput-") as tmp:
+        workdir = Path(tmp)
+        processor = build_processor(workdir, args.min_pixels, args.max_pixels)
+        data_dir = build(workdir / "data", train_per_label=1, test_per_label=1, image_size=64)
+        image_dirs = {s: make_images(data_dir, workdir / f"images-{s}", parse_size(s)) for s in args.sizes}
+        longest = 0.0
+        for i, cfg in enumerate(configs):
+            elapsed = time.perf_counter() - started
+            if i and elapsed + longest > args.time_budget:
+                report["results"].append({**cfg, "status": "skipped (time budget)"})
+                print(f"[{i + 1}/{len(configs)}] {cfg['name']}: skipped (time budget)", flush=True)
+                continue
+            print(f"[{i + 1}/{len(configs)}] {cfg['name']} ...", flush=True)
+            t0 = time.perf_counter()
+            state = {}  # everything of this configuration that holds memory, dropped by `free`
+            try:
+                result = run_config(cfg, args, processor, data_dir, image_dirs, workdir, device, state)
+            except Exception as exc:  # noqa: BLE001 (one configuration's failure must not lose the others)
+                traceback.print_exc()
+                result = {**cfg, "status": error_status(exc)}
+                if device.startswith("cuda"):
+                    result["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            result["freed"] = free(state, device)
+            gc.collect()
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+                result["allocated_after_gb"] = torch.cuda.memory_allocated() / 2**30
+            longest = max(longest, time.perf_counter() - t0)
+            report["results"].append(result)
+            brief = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()
+                     if k in ("status", "step_s", "tokens_per_s", "mfu", "peak_gb", "freed")}
+            print(f"    {brief} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            report["shared_vision_speedups"] = shared_speedups(report["results"])
+            report["wall_s"] = time.perf_counter() - started
+            write_outputs(out_dir, report, markdown_table(report["results"], args), stem)
+    table = markdown_table(report["results"], args)
+    print()
+    print(table)
+    print(f"\nwrote {out_dir / stem}.json and .md ({report['wall_s']:.0f} s)")
+    return 0 if any(r["status"] == "ok" for r in report["results"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
