@@ -162,17 +162,19 @@ def step_flops(batch, counts: dict, spec: dict, live_reference: bool) -> dict:
             "vision_share": vision_pass / per_pass}
 
 
-def expected_speedups(counts: dict, spec: dict, patches: int, text_tokens: int, checkpointing: bool) -> dict:
-    """Step-time ratios predicted from the FLOPs each option executes, for one NCA-P example (4 sequences).
+def expected_speedups(counts: dict, spec: dict, patches: int, text_tokens: int, checkpointing: bool,
+                      sequences: int = 4) -> dict:
+    """Step-time ratios predicted from the FLOPs each option executes, for one example of `sequences` sequences
+    on one image (NCA-P: 4, DPO/NCA: 2).
 
     Executed per step (c = 1 with activation checkpointing): full fine-tuning runs the policy's forward, backward
     (2x) and recomputation (c) through both towers; LoRA on the language model needs input gradients only (~1x)
     there and no backward through the frozen vision tower. The live reference adds one forward of each; the vision
-    tower runs k = 4 times per model without sharing, once with it.
+    tower runs k = `sequences` times per model without sharing, once with it.
     """
     text, vision = spec["text"], spec["vision"]
     length = text_tokens + patches // 4
-    f_text = 4 * (2 * (counts["text"] + counts["lm_head"]) * length
+    f_text = sequences * (2 * (counts["text"] + counts["lm_head"]) * length
                   + 4 * text["num_hidden_layers"] * text["hidden_size"] * length ** 2)
     f_vision = (2 * ((counts["vision_blocks"] + counts["vision_patch_embed"]) * patches
                      + counts["vision_merger"] * patches / 4)
@@ -186,11 +188,11 @@ def expected_speedups(counts: dict, spec: dict, patches: int, text_tokens: int, 
             policy = (2 + c) * f_text + k * f_vision
         return policy + (f_text + k * f_vision if live else 0.0)
 
-    out = {"tokens_per_sequence": length, "vision_share_of_forward": f_vision / (f_text + f_vision)}
+    out = {"tokens_per_sequence": length, "vision_share_of_shared_forward": f_vision / (f_text + f_vision)}
     for finetune in ("full", "lora"):
-        out[f"{finetune}_shared_vision_speedup"] = step(finetune, 4, True) / step(finetune, 1, True)
+        out[f"{finetune}_shared_vision_speedup"] = step(finetune, sequences, True) / step(finetune, 1, True)
         out[f"{finetune}_precompute_speedup"] = step(finetune, 1, True) / step(finetune, 1, False)
-        out[f"{finetune}_combined_speedup"] = step(finetune, 4, True) / step(finetune, 1, False)
+        out[f"{finetune}_combined_speedup"] = step(finetune, sequences, True) / step(finetune, 1, False)
     return out
 
 
@@ -202,9 +204,10 @@ def estimate(args) -> int:
         processor = build_processor(Path(tmp), SPY_MIN_PIXELS, SPY_MAX_PIXELS)
     lines = [(f"Expected NCA-P step-time ratios from executed FLOPs ({args.text_tokens} text tokens per sequence, "
              f"activation checkpointing {'on' if args.activation_checkpointing else 'off'})"), "",
-             ("| model | image | tokens/seq | vision share of a forward | shared vision: full FT | LoRA "
-             "| precompute (shared): full FT | LoRA | both: full FT | LoRA | reference weights freed |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             ("| model | image | tokens/seq | vision share of an NCA-P forward (shared) | shared vision: full FT | LoRA "
+             "| precompute (shared): full FT | LoRA | both: full FT | LoRA | DPO shared vision: full FT | LoRA "
+             "| reference weights freed |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     results = {}
     for model_name in ("7b", "2b"):
         spec = MODEL_SPECS[model_name]
@@ -215,12 +218,15 @@ def estimate(args) -> int:
             w, h = parse_size(size)
             patches = (w // 14) * (h // 14)
             e = expected_speedups(counts, spec, patches, args.text_tokens, args.activation_checkpointing)
-            results[f"{model_name}/{size}"] = e
+            dpo = expected_speedups(counts, spec, patches, args.text_tokens, args.activation_checkpointing, 2)
+            results[f"{model_name}/{size}"] = {"nca_p": e, "dpo": dpo}
             lines.append(
-                f"| {model_name.upper()} ({counts['total'] / 1e9:.2f}B) | {size} | {e['tokens_per_sequence']} | {e['vision_share_of_forward']:.0%} | "
+                f"| {model_name.upper()} ({counts['total'] / 1e9:.2f}B) | {size} | {e['tokens_per_sequence']} | "
+                f"{e['vision_share_of_shared_forward']:.0%} | "
                 f"{e['full_shared_vision_speedup']:.2f}x | {e['lora_shared_vision_speedup']:.2f}x | "
                 f"{e['full_precompute_speedup']:.2f}x | {e['lora_precompute_speedup']:.2f}x | "
                 f"{e['full_combined_speedup']:.2f}x | {e['lora_combined_speedup']:.2f}x | "
+                f"{dpo['full_shared_vision_speedup']:.2f}x | {dpo['lora_shared_vision_speedup']:.2f}x | "
                 f"{2 * counts['total'] / 2**30:.1f} GiB (full FT) |")
     print("\n".join(lines))
     if args.out:
