@@ -3,6 +3,7 @@ launched with `accelerate launch`, and leaves a loadable checkpoint with a model
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def launch(script: str, recipe: str, tiny_model_dir, synthetic_dir, out, *overrides, config="cpu.yaml"):
+def launch(script: str, recipe: str, tiny_model_dir, synthetic_dir, out, *overrides, config="cpu.yaml", env=None):
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / config),
         str(ROOT / "train" / f"{script}.py"), str(ROOT / "recipes" / "demo" / f"{recipe}.yaml"),
@@ -25,7 +26,7 @@ def launch(script: str, recipe: str, tiny_model_dir, synthetic_dir, out, *overri
         "--image_folder", str(synthetic_dir), "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1",
         "--per_device_train_batch_size", "2", "--save_steps", "2", "--save_total_limit", "null", *overrides,
     ]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((Path(out) / "train_metrics.json").read_text())
 
@@ -62,13 +63,18 @@ def test_method_trains_and_saves(script, recipe, method, tiny_model_dir, synthet
             assert key in logged
 
 
-def test_nca_p_with_lora(tiny_model_dir, synthetic_dir, tmp_path):
+def test_nca_p_with_lora_tracked_in_wandb(tiny_model_dir, synthetic_dir, tmp_path):
     out = tmp_path / "lora"
     launch("nca_p", "nca_p", tiny_model_dir, synthetic_dir, out, "--use_peft", "true", "--lora_r", "4",
-           "--lora_target_modules", "q_proj", "v_proj")
+           "--lora_target_modules", "q_proj", "v_proj", "--report_to", "wandb", "--run_name", "lora-test",
+           env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_PROJECT": "privacy-align-tests"})
     adapter = load_file(out / "adapter_model.safetensors")
     assert adapter and all("lora_" in k for k in adapter)
     assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)  # B starts at zero: it trained
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    logged = b"".join(p.read_bytes() for p in runs[0].rglob("*.wandb"))
+    assert b"rewards/accuracies_private" in logged
 
 
 def test_resume_reaches_the_same_state(tiny_model_dir, synthetic_dir, tmp_path):

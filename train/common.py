@@ -49,8 +49,8 @@ def parse_recipe(*dataclass_types):
 def load_model_and_processor(model_args, script_args: SpyTuneArguments, training_args):
     """Model and processor through `from_pretrained`, as for Qwen2-VL-7B-Instruct on the Hub."""
     import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
     from accelerate import PartialState
+    from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import get_quantization_config
 
     trust = training_args.trust_remote_code

@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("base", "sft", "nca_p")
 STAGE_NAMES = {"base": "base (untrained)", "sft": "SFT", "nca_p": "SFT + NCA-P"}
@@ -49,7 +51,7 @@ def build_once(target: Path, build) -> None:
     tmp.rename(target)
 
 
-def train(script: str, model: Path, data: Path, out: Path, steps: int, log, extra: list[str]) -> None:
+def train(script: str, model: Path, data: Path, out: Path, steps: int | None, log, extra: list[str]) -> None:
     """One stage through accelerate launch; skipped when finished, resumed from its last checkpoint otherwise."""
     if (out / "train_metrics.json").exists():
         log(f"{script}: reusing {out}")
@@ -58,8 +60,12 @@ def train(script: str, model: Path, data: Path, out: Path, steps: int, log, extr
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs/cpu.yaml"),
         str(ROOT / "train" / f"{script}.py"), str(ROOT / "recipes" / "demo" / f"{script}.yaml"),
         "--model_name_or_path", str(model), "--train_data_path", str(data / "train_data.json"),
-        "--image_folder", str(data), "--output_dir", str(out), "--max_steps", str(steps), *extra,
+        "--image_folder", str(data), "--output_dir", str(out), *extra,
     ]
+    if steps is None:  # the recipe's
+        steps = yaml.safe_load((ROOT / "recipes" / "demo" / f"{script}.yaml").read_text())["max_steps"]
+    else:
+        command += ["--max_steps", str(steps)]
     if any(out.glob("checkpoint-*")):
         command += ["--resume_from_checkpoint", "true"]
     log(f"{script}: {steps} steps -> {out}   (accelerate launch train/{script}.py recipes/demo/{script}.yaml)")
@@ -69,9 +75,9 @@ def train(script: str, model: Path, data: Path, out: Path, steps: int, log, extr
         process = subprocess.Popen(command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
         while process.poll() is None:
             time.sleep(10)
-            progress = re.findall(r"(\d+)/(\d+) \[", log_path.read_text(errors="replace")[-4000:])
-            if progress:
-                log(f"{script}: step {progress[-1][0]}/{progress[-1][1]}")
+            done = re.findall(rf"(\d+)/{steps} \[", log_path.read_text(errors="replace")[-4000:])
+            if done:
+                log(f"{script}: step {done[-1]}/{steps}")
     if process.returncode:
         sys.exit(f"{script} failed (exit {process.returncode}); see {log_path}")
 
@@ -111,7 +117,7 @@ def plot(report: dict, out: Path, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     for ax, (title, metrics) in zip(axes[:2], (("held-out, one instruction line (trained)", report),
                                                ("held-out, with 5 distractor lines", report["with_distractors"]))):
         width = 0.8 / len(STAGES)
@@ -119,21 +125,26 @@ def plot(report: dict, out: Path, path: Path) -> None:
             values = [metrics[stage][k] or 0 for k in TABLE]
             ax.bar([i + s * width for i in range(len(TABLE))], values, width, label=STAGE_NAMES[stage])
         ax.set_xticks([i + width for i in range(len(TABLE))], list(TABLE.values()))
-        ax.set_ylim(0, 100)
+        ax.set_ylim(0, 105)
         ax.set_title(title)
-        ax.legend(fontsize=8)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(STAGES), frameon=False)
+    # SFT loss, then NCA-P's reward margin (its loss sits near 4 log 2 by construction and says little)
     ax = axes[2]
-    offset = 0
-    for stage, color in (("sft", "tab:orange"), ("nca_p", "tab:green")):
-        history = json.loads((out / stage / "train_metrics.json").read_text())
-        points = [(e["step"] + offset, e["loss"]) for e in history if "loss" in e]
-        ax.plot(*zip(*points), color=color, label=f"{STAGE_NAMES[stage]} loss")
-        offset = points[-1][0]
-    ax.set_xlabel("training step (SFT, then NCA-P)")
+    sft = json.loads((out / "sft" / "train_metrics.json").read_text())
+    ncap = json.loads((out / "nca_p" / "train_metrics.json").read_text())
+    sft_points = [(e["step"], e["loss"]) for e in sft if "loss" in e]
+    ax.plot(*zip(*sft_points or [(0, 1)]), color="tab:orange", label="SFT loss")
     ax.set_yscale("log")
-    ax.set_title("training loss")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax.set_xlabel("training step (SFT, then NCA-P)")
+    ax.set_ylabel("SFT loss")
+    twin = ax.twinx()
+    offset = max((e.get("step", 0) for e in sft), default=0)
+    points = [(offset + e["step"], e["rewards/margins"]) for e in ncap if "rewards/margins" in e]
+    twin.plot(*zip(*points or [(offset, 0)]), color="tab:green", label="NCA-P reward margin")
+    twin.set_ylabel("NCA-P reward margin (chosen - rejected)")
+    ax.set_title("training curves")
+    ax.legend(handles=ax.get_lines() + twin.get_lines(), fontsize=8, loc="upper center")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -141,8 +152,8 @@ def plot(report: dict, out: Path, path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="outputs/demo")
-    parser.add_argument("--sft-steps", type=int, default=250)
-    parser.add_argument("--nca-p-steps", type=int, default=60)
+    parser.add_argument("--sft-steps", type=int, default=None, help="default: recipes/demo/sft.yaml (400)")
+    parser.add_argument("--nca-p-steps", type=int, default=None, help="default: recipes/demo/nca_p.yaml (60)")
     parser.add_argument("--train-per-label", type=int, default=60, help="synthetic SPY-Tune items per category")
     parser.add_argument("--test-per-label", type=int, default=2, help="held-out SPY-Bench items per category")
     parser.add_argument("--eval-batch-size", type=int, default=64)

@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 
 from data_prep.errors import InputError
-from eval.runs import write_text, write_json
+from eval.runs import write_json, write_text
 
 BENCHMARKS = ("mmmu", "ocrbench", "mme")
 # Divide a benchmark's number by this to get its 0..100 term of the SPY general score.

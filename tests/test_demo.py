@@ -1,0 +1,61 @@
+"""The demo pipeline, shortened (few steps, few samples): every stage leaves its outputs, the report has every
+key, and a second run reuses what is built and reports the same numbers."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+SHORT = ["--sft-steps", "3", "--nca-p-steps", "2", "--train-per-label", "1", "--test-per-label", "1",
+         "--max-new-tokens", "6", "--eval-limit", "40", "--eval-batch-size", "20", "--train-args", "--logging_steps", "1"]
+
+
+def run_demo(out):
+    result = subprocess.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def test_demo_pipeline_end_to_end(tmp_path):
+    from eval.spy.metrics import spy_metrics
+
+    out = tmp_path / "demo"
+    stdout = run_demo(out)
+    for stage in ("sft", "nca_p"):
+        assert (out / stage / "model.safetensors").exists() and (out / stage / "README.md").exists()
+        assert (out / stage / "train_metrics.json").exists()
+    assert (out / "tiny-qwen2vl" / "config.json").exists()
+    assert (out / "synthetic-spy-tune" / "questions.json").exists()
+    assert (out / "report.png").stat().st_size > 10_000
+    assert "SFT + NCA-P" in (out / "report.md").read_text() and "ICS" in stdout
+
+    report = json.loads((out / "report.json").read_text())
+    metric_keys = set(spy_metrics([]))
+    assert set(report) == {"base", "sft", "nca_p", "wall_seconds", "with_distractors"}
+    for stage in ("base", "sft", "nca_p"):
+        assert metric_keys <= set(report[stage]) and metric_keys <= set(report["with_distractors"][stage])
+        assert report[stage]["total"] == 40
+    judged = [json.loads(line) for line in (out / "eval" / "nca_p_with_distractors_judged.jsonl").open()]
+    assert len(judged) == 40 and all(r["eval_resp"] in ("respond", "reject") for r in judged)
+    assert all(len(r["input_question"].split("\n\n")[0].split("\n")) == 6 for r in judged)
+
+    # a second run reuses everything and reports the same numbers
+    stdout = run_demo(out)
+    assert "sft: reusing" in stdout and "nca_p: reusing" in stdout
+    again = json.loads((out / "report.json").read_text())
+    for stage in ("base", "sft", "nca_p"):
+        assert again[stage] == report[stage] and again["with_distractors"][stage] == report["with_distractors"][stage]
+
+
+def test_demo_refuses_to_mix_settings(tmp_path):
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "demo_config.json").write_text(json.dumps({"sft_steps": 1}))
+    result = subprocess.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and "other settings" in result.stderr
