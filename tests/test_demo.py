@@ -29,6 +29,8 @@ def test_demo_pipeline_end_to_end(tmp_path):
     for stage in ("sft", "nca_p"):
         assert (out / stage / "model.safetensors").exists() and (out / stage / "README.md").exists()
         assert (out / stage / "train_metrics.json").exists()
+        card = (out / stage / "README.md").read_text()
+        assert card.index("## Evaluation: held-out synthetic SPY-Bench") < card.index("## Recipe")
     assert (out / "tiny-qwen2vl" / "config.json").exists()
     assert (out / "synthetic-spy-tune" / "questions.json").exists()
     assert (out / "report.png").stat().st_size > 10_000

@@ -112,7 +112,7 @@ def _recipe_dict(*configs) -> dict:
 
 
 def write_model_card(output_dir, method: str, base_model: str, script_args, training_args, model_args,
-                     train_metrics: dict | None = None, eval_metrics: dict | None = None) -> Path:
+                     train_metrics: dict | None = None) -> Path:
     """README.md with Hub metadata: base model, method, recipe, data and the metrics known so far."""
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -124,8 +124,6 @@ def write_model_card(output_dir, method: str, base_model: str, script_args, trai
     metrics = ""
     if train_metrics:
         metrics += "\n## Training metrics (last logged step)\n\n" + _table(train_metrics)
-    if eval_metrics:
-        metrics += "\n## Evaluation\n\n" + _table(eval_metrics)
     content = f"""---
 {card_data.to_yaml()}
 ---
@@ -152,6 +150,15 @@ in plain language (SPY-Tune / SPY-Bench).
     path = Path(output_dir) / "README.md"
     card.save(path)
     return path
+
+
+def add_card_evaluation(output_dir, title: str, metrics: dict) -> None:
+    """Add measured metrics to a saved model card, above its recipe (the metrics are known after training)."""
+    path = Path(output_dir) / "README.md"
+    text = path.read_text()
+    section = f"## Evaluation: {title}\n\n{_table(metrics)}\n"
+    head, sep, recipe = text.partition("## Recipe")
+    path.write_text(f"{head}{section}\n{sep}{recipe}" if sep else f"{text}\n{section}")
 
 
 def _table(metrics: dict) -> str:

@@ -182,14 +182,20 @@ def main(argv: list[str] | None = None) -> None:
     train("sft", model_dir, data_dir, out / "sft", args.sft_steps, log, args.train_args)
     train("nca_p", out / "sft", data_dir, out / "nca_p", args.nca_p_steps, log, args.train_args)
 
+    from eval.report import markdown_table
+    from eval.runs import write_json, write_text
+    from train.common import add_card_evaluation
+
     checkpoints = {"base": model_dir, "sft": out / "sft", "nca_p": out / "nca_p"}
     results = {stage: evaluate(stage, checkpoints[stage], data_dir, out / "eval", args, log) for stage in STAGES}
     report = {stage: results[stage]["without_distractors"] for stage in STAGES}
     report["wall_seconds"] = round(time.time() - log.start, 1)
     report["with_distractors"] = {stage: results[stage]["with_distractors"] for stage in STAGES}
-
-    from eval.report import markdown_table
-    from eval.runs import write_json, write_text
+    for stage in ("sft", "nca_p"):
+        card = (checkpoints[stage] / "README.md").read_text()
+        if "## Evaluation" not in card:
+            add_card_evaluation(checkpoints[stage], "held-out synthetic SPY-Bench, rule judge, one instruction line",
+                                {TABLE[k]: report[stage][k] for k in TABLE})
 
     rows = []
     for setting, metrics in (("without distractors", report), ("with distractors", report["with_distractors"])):
