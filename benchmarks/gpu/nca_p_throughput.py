@@ -43,6 +43,9 @@ for _key, _value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DAT
                      "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
     os.environ.setdefault(_key, _value)
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the CPU benchmark's step helpers
+from train_step import prepare_like_train, train_step  # noqa: E402
+
 # Qwen2-VL's published configurations (config.json of Qwen/Qwen2-VL-{7B,2B}-Instruct); "tiny" is for --dry-run.
 MODEL_SPECS = {
     "7b": {"text": {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
@@ -234,28 +237,6 @@ def estimate(args) -> int:
                                        "activation_checkpointing": args.activation_checkpointing,
                                        "estimates": results}, "\n".join(lines), "nca_p_flop_estimate")
     return 0
-
-
-def prepare_like_train(trainer):
-    """What `Trainer.train()` sets up before its first step (without its loop): activation checkpointing, the
-    optimizer, and accelerate's preparation (device placement, mixed-precision autocast). Returns the model to step."""
-    args = trainer.args
-    if args.activation_checkpointing:
-        kwargs = dict(args.activation_checkpointing_kwargs or {})
-        trainer.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None)
-    trainer.create_optimizer()
-    model, trainer.optimizer = trainer.accelerator.prepare(trainer.model, trainer.optimizer)
-    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's own loop
-    return model
-
-
-def train_step(trainer, model, batch) -> float:
-    """One optimizer step on `batch`, as Trainer's loop does it; returns the loss."""
-    trainer._metrics["train"].clear()
-    loss = trainer.training_step(model, dict(batch))
-    trainer.optimizer.step()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    return loss.item()
 
 
 def run_config(cfg: dict, args, processor, data_dir: Path, image_dirs: dict, workdir: Path, device: str,
