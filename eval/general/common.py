@@ -43,6 +43,16 @@ def load_local(path: Path, splits: tuple[str, ...]):
     return datasets.load_dataset("parquet", data_files=[str(f) for f in files], split="train")
 
 
+def load_test_split(source: str | None, hub_id: str, splits: tuple[str, ...], required, limit: int | None):
+    """A single-split benchmark (OCRBench, MME): its Hub `test` split, or a local copy, checked and cut to `limit`."""
+    import datasets
+
+    source = source or hub_id
+    ds = load_source(source, splits, lambda hub: datasets.load_dataset(hub, split="test"))
+    check_columns(ds, required, source)
+    return head(ds, limit)
+
+
 def check_columns(ds, required, source) -> None:
     missing = [c for c in required if c not in ds.column_names]
     if missing:

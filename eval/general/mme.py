@@ -24,12 +24,7 @@ PROFILES = ("vlmevalkit", "lmms-eval")
 
 
 def load(source: str | None = None, limit: int | None = None):
-    import datasets
-
-    source = source or HUB_ID
-    ds = common.load_source(source, SPLITS, lambda hub_id: datasets.load_dataset(hub_id, split="test"))
-    common.check_columns(ds, REQUIRED, source)
-    return common.head(ds, limit)
+    return common.load_test_split(source, HUB_ID, SPLITS, REQUIRED, limit)
 
 
 def items(ds, source="MME") -> list[dict]:

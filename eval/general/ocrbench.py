@@ -36,12 +36,7 @@ PROMPT_SUFFIX = "\nPlease try to answer the question with short words or phrases
 
 
 def load(source: str | None = None, limit: int | None = None):
-    import datasets
-
-    source = source or HUB_ID
-    ds = common.load_source(source, SPLITS, lambda hub_id: datasets.load_dataset(hub_id, split="test"))
-    common.check_columns(ds, REQUIRED, source)
-    return common.head(ds, limit)
+    return common.load_test_split(source, HUB_ID, SPLITS, REQUIRED, limit)
 
 
 def items(ds, source="OCRBench") -> list[dict]:
