@@ -10,10 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
 
 from losses.nca_p import nca_p_loss
-from losses.shared_vision import share_images
 from losses.vision_dpo_trainer import PreferenceCollator, VisionDPOConfig, VisionDPOTrainer
 
 SEQUENCES = ("chosen_0", "chosen_1", "rejected_0", "rejected_1")  # the order of the row blocks
@@ -34,26 +32,23 @@ class NCAPConfig(VisionDPOConfig):
 class NCAPCollator(PreferenceCollator):
     """Both variants of each example through TRL's vision preference collator, as 2B preference pairs."""
 
-    def torch_call(self, examples: list[dict]) -> dict:
-        ref = [example.pop("ref_logps") for example in examples] if "ref_logps" in examples[0] else None
-        pairs = [
+    sequences_per_example = 4
+
+    def preference_pairs(self, examples: list[dict]) -> list[dict]:
+        # TRL lays the rows out as [chosen of all pairs; rejected of all pairs] = [c0, c1, r0, r1] blocks
+        return [
             {"images": ex["images"], "prompt": ex[f"prompt_{j}"], "chosen": ex[f"chosen_{j}"],
              "rejected": ex[f"rejected_{j}"]}
             for j in (0, 1) for ex in examples
         ]
-        # TRL lays the rows out as [chosen of all pairs; rejected of all pairs] = [c0, c1, r0, r1] blocks
-        batch = DataCollatorForVisionPreference(self.processor, max_length=self.max_length)(pairs)
-        if self.shared_vision:
-            batch = share_images(batch, repeats=4)
-        if ref is not None:
-            batch["ref_logps"] = torch.tensor(ref, dtype=torch.float32)  # (B, 4) in SEQUENCES order
-        return batch
+
+    def add_reference(self, batch: dict, ref: torch.Tensor) -> None:
+        batch["ref_logps"] = ref  # (B, 4) in SEQUENCES order
 
 
 class NCAPTrainer(VisionDPOTrainer):
     signature_columns = ["images", "image", "ref_logps", "prompt_0", "prompt_1", *SEQUENCES]
     collator_class = NCAPCollator
-    rows_per_example = 4
 
     def example_logratios(self, model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Policy log-probs and log-ratios against the reference, both (B, 4) in SEQUENCES order."""

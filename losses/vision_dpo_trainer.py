@@ -47,21 +47,32 @@ class VisionDPOConfig(DPOConfig):
 
 @dataclass
 class PreferenceCollator(DataCollatorMixin):
-    """TRL's vision preference collator, plus shared images and the precomputed reference log-probabilities."""
+    """TRL's vision preference collator, plus shared images and the precomputed reference log-probabilities.
+
+    Subclasses change how an example becomes preference pairs (`preference_pairs`) and where the reference
+    values go (`add_reference`); `sequences_per_example` is the number of rows (and image copies) per example.
+    """
 
     processor: object
     shared_vision: bool = True
     max_length: int | None = None
     return_tensors: str = "pt"
+    sequences_per_example = 2  # TRL's layout: [chosen rows; rejected rows]
+
+    def preference_pairs(self, examples: list[dict]) -> list[dict]:
+        return examples
+
+    def add_reference(self, batch: dict, ref: torch.Tensor) -> None:
+        batch["ref_chosen_logps"], batch["ref_rejected_logps"] = ref[:, 0], ref[:, 1]
 
     def torch_call(self, examples: list[dict]) -> dict:
         ref = [example.pop("ref_logps") for example in examples] if "ref_logps" in examples[0] else None
-        batch = DataCollatorForVisionPreference(self.processor, max_length=self.max_length)(examples)
+        batch = DataCollatorForVisionPreference(self.processor, max_length=self.max_length)(
+            self.preference_pairs(examples))
         if self.shared_vision:
-            batch = share_images(batch, repeats=2)
+            batch = share_images(batch, repeats=self.sequences_per_example)
         if ref is not None:
-            ref = torch.tensor(ref, dtype=torch.float32)
-            batch["ref_chosen_logps"], batch["ref_rejected_logps"] = ref[:, 0], ref[:, 1]
+            self.add_reference(batch, torch.tensor(ref, dtype=torch.float32))
         return batch
 
 
@@ -70,7 +81,6 @@ class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
 
     signature_columns = ["prompt", "chosen", "rejected", "images", "image", "ref_logps"]
     collator_class = PreferenceCollator
-    rows_per_example = 2  # the batch holds [chosen rows; rejected rows]
 
     def __init__(self, model, ref_model=None, args: VisionDPOConfig | None = None, data_collator=None,
                  processing_class=None, **kwargs):
@@ -142,7 +152,7 @@ class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
             values = []
             for batch in tqdm(loader, desc=f"Reference log-probs ({name})", disable=not self.is_world_process_zero()):
                 logps = self.reference_logps(batch, model)
-                per_row = torch.stack(logps.chunk(self.rows_per_example), dim=1)  # (examples, sequences)
+                per_row = torch.stack(logps.chunk(self.collator_class.sequences_per_example), dim=1)  # (examples, sequences)
                 values.append(self.accelerator.gather_for_metrics(per_row).float().cpu())
             values = torch.cat(values).tolist()
             if self.accelerator.is_main_process:

@@ -153,7 +153,7 @@ def test_precomputed_reference_equals_live_reference(kind, tiny_model_dir, synth
     cache = list((tmp_path / "pre" / "out" / "ref_logps").glob("train-*.parquet"))
     assert len(cache) == 1
     columns = pre.train_dataset.column_names
-    assert "ref_logps" in columns and len(pre.train_dataset[0]["ref_logps"]) == pre.rows_per_example
+    assert "ref_logps" in columns and len(pre.train_dataset[0]["ref_logps"]) == pre.collator_class.sequences_per_example == (4 if kind == "nca_p" else 2)
 
     # same rows, same reference values as a live reference pass
     batch_live = live.data_collator([dict(dataset[i]) for i in range(2)])
