@@ -16,14 +16,13 @@ TRL inserts the image block before the first user turn.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 from datasets import Dataset, Image, List
 
 from data_prep import spy
-from data_prep.errors import InputError
+from data_prep.errors import InputError, read_json
 
 ITEM_FIELDS = ("benchmark_id", "label", "question_item", "non_privacy_scenarios", "privacy_scenarios")
 QUESTION_FIELDS = ("image_path", "question", "respond_ans", "reject_ans")
@@ -33,13 +32,7 @@ SCENARIO_FIELDS = ("scenario", "2nd_person_template")
 def load_label_texts(path=None) -> dict[str, str]:
     if path is None:
         return spy.label2text()
-    try:
-        with open(path, encoding="utf-8") as f:
-            texts = json.load(f)
-    except FileNotFoundError:
-        raise InputError(path, None, None, "file not found") from None
-    except json.JSONDecodeError as err:
-        raise InputError(path, err.lineno, None, f"not valid JSON ({err.msg})") from None
+    texts = read_json(path)
     texts.pop(spy.SAFE_LABEL, None)
     return texts
 
@@ -48,12 +41,7 @@ def load_items(path, image_folder, label_texts: dict[str, str] | None = None) ->
     """The validated items of a SPY-Tune JSON file (`{"data_list": [...]}`); the first problem raises InputError."""
     path, image_folder = Path(path), Path(image_folder)
     label_texts = label_texts or spy.label2text()
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(path, None, None, "file not found") from None
-    except json.JSONDecodeError as err:
-        raise InputError(path, err.lineno, None, f"not valid JSON ({err.msg})") from None
+    data = read_json(path)
     items = data.get("data_list") if isinstance(data, dict) else None
     if not isinstance(items, list):
         raise InputError(path, None, "data_list", "missing: expected {\"data_list\": [items]}")
