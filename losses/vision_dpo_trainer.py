@@ -7,7 +7,8 @@ only what TRL does not support for vision datasets:
   per step (losses/shared_vision.py).
 - `precompute_ref_log_probs`: TRL refuses it for vision datasets. Here one pass before training stores the
   reference log-probabilities of every row in a column `ref_logps`, cached on disk under
-  `<output_dir>/ref_logps/` keyed by the reference weights and the data, and the reference model is released.
+  `<output_dir>/ref_logps/` keyed by the reference weights and the data, and the reference model is released:
+  dropped from the trainer and from the accelerator's model list, so that its memory really goes back.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from trl import DPOConfig, DPOTrainer
 from trl.models import prepare_deepspeed
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
-from trl.trainer.utils import hash_module, use_adapter
+from trl.trainer.utils import use_adapter
 
 from losses.checkpointing import HubFormatResumeMixin
+from losses.fingerprint import weights_fingerprint
 from losses.shared_vision import enable_shared_vision, share_images
 
 # Batch entries that are not model inputs.
@@ -97,7 +99,7 @@ class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
                 if m is not None:
                     enable_shared_vision(m)
         if precompute:
-            self._precompute_model_hash = hash_module(self.ref_model or self.model)
+            self._precompute_model_hash = weights_fingerprint(self.ref_model or self.model)
             self.train_dataset = self._precompute_ref_logps(self.train_dataset, "train",
                                                             args.precompute_ref_batch_size or
                                                             args.per_device_train_batch_size)
@@ -106,10 +108,20 @@ class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
                                                                args.precompute_ref_batch_size or
                                                                args.per_device_eval_batch_size)
             self.precompute_ref_logps = True
-            self.ref_model = self._precompute_engine = None  # released: the cache replaces it
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            self._release_reference()
+
+    def _release_reference(self) -> None:
+        """Free the reference model (and the precompute's inference engine): the cache replaces them.
+
+        `accelerator.prepare_model` has registered the reference in `accelerator._models`; while it is listed
+        there, dropping the trainer's attribute frees nothing (15 GiB of bf16 weights for a 7B model).
+        """
+        released = {id(m) for m in (self.ref_model, self._precompute_engine) if m is not None}
+        self.accelerator._models[:] = [m for m in self.accelerator._models if id(m) not in released]
+        self.ref_model = self._precompute_engine = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _set_signature_columns_if_needed(self):
         if self._signature_columns is None:
