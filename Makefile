@@ -9,7 +9,7 @@ OUT ?= outputs/demo
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 \
            WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: demo test lint vllm-env clean
+.PHONY: demo test lint vllm-env gpu-wheels clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,21 @@ vllm-env:
 	test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm
 	.venv-vllm/bin/pip install -q "vllm==0.33.0" "openai>=1.60,<4" "matplotlib>=3.9,<4" "tqdm>=4.66" PyYAML
 	.venv-vllm/bin/pip install -q --no-deps -e .
+
+# What the lent GPU machine (Python 3.12, torch 2.11, transformers 5.17, no trl/datasets, no network) lacks, as
+# wheels for its Python, carried in .whl/ (git-ignored) and installed by benchmarks/gpu/run.sh. The versions are
+# pyproject.toml's pins (a test checks it) plus datasets' own dill and multiprocess; none pulls in torch.
+GPU_WHEELS := transformers==5.24.0 trl==1.16.0 peft==0.21.2 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+GPU_WHEELS_MAX_MIB := 48
+
+gpu-wheels:
+	rm -rf .whl && mkdir -p .whl
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	    -d .whl $(GPU_WHEELS)
+	@total=$$(du -cb .whl/*.whl | tail -1 | cut -f1); ls -1 .whl; \
+	  echo "$$(ls .whl/*.whl | wc -l) wheels, $$((total / 1024)) KiB in .whl/ (limit $(GPU_WHEELS_MAX_MIB) MiB)"; \
+	  test $$total -le $$(($(GPU_WHEELS_MAX_MIB) * 1048576)) || { echo "error: .whl/ is over $(GPU_WHEELS_MAX_MIB) MiB"; exit 1; }
 
 clean:
 	rm -rf $(VENV) .venv-vllm

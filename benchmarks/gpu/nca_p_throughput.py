@@ -7,16 +7,20 @@ utilisation and peak GPU memory, as a table and JSON.
     python benchmarks/gpu/nca_p_throughput.py [--model 7b|2b] [--out DIR] [--time-budget 450]
     python benchmarks/gpu/nca_p_throughput.py --dry-run          # tiny config on CPU: checks the script end to end
 
-Model FLOPs of one step (the work the step needs, counted the same whether or not the vision tower is shared):
-    F(pass)  = 2 * N_text * T + 4 * L * d * sum(S_i^2)                                  (language model)
-             + sum over the batch's unique images of 2 * N_vision(P) + 4 * L_v * d_v * P^2   (vision tower)
-    step     = 3 * F(policy)  (forward + backward, i.e. 6 * N * tokens)  +  1 * F(reference) (2 * N * tokens;
-               0 when the reference log-probabilities are precomputed)
-with T the non-padding tokens of all sequences, S_i the length of sequence i, N_text the language model's
-weights without the embedding table (the LM head included), P an image's patches, N_vision(P) = (blocks +
-patch embedding) * P + merger * P / 4. Attention is counted as dense (non-causal) as in PaLM's MFU.
-MFU = step FLOPs / step time / --peak-tflops (989 = H200/H100 SXM dense bf16). With LoRA the frozen weights
-need no weight gradients, so the conventional 6N overstates the work done (by up to 1.5x on the language model).
+Model FLOPs of one step: the work the step needs, whatever the implementation (each image encoded once, no
+activation-checkpointing recomputation). Per forward pass over the batch:
+    text   = 2 * N_text * T + 4 * L * d * sum(S_i^2)     (T non-padding tokens, S_i sequence lengths, attention dense)
+    head   = 2 * V * d * C                               (C completion tokens: TRL's fused head projects only those)
+    vision = sum over unique images of 2 * N_vision(P) + 4 * L_v * d_v * P^2   (P patches; merger on P / 4)
+    step, full fine-tuning = 3 * (text + head + vision)                (forward + backward of weights and inputs)
+    step, LoRA             = 2 * text_linear + 3 * attention + 2 * head + vision + 6 * N_lora * T
+                             (frozen weights: backward through the activations only; the vision tower, frozen and
+                             before every adapter, needs no backward)
+    + text + head + vision for a live reference (0 when precomputed).
+Executed FLOPs (for HFU) add what the kernels really run: the repeated vision encodes (k copies per model) and the
+recomputed forward under activation checkpointing. MFU is reported against the datasheet peak (--peak-tflops, 989
+for an H100/H200 SXM in dense bf16) and against a peak measured in the same run: a bf16 product of the model's own
+shape (8192 x hidden) @ (hidden x intermediate).
 
 Every configuration runs in its own try/except: an out-of-memory error (full fine-tuning of 7B with AdamW may not
 fit) is recorded as `oom` and the rest still run. Configurations start in priority order while the time budget
@@ -39,11 +43,19 @@ import traceback
 import weakref
 from pathlib import Path
 
+STARTED = time.time()  # the time budget counts the third-party imports and the set-up too
+
 for _key, _value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                      "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
     os.environ.setdefault(_key, _value)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the CPU benchmark's step helpers
+# Runs from a plain checkout, installed or not: the repository root (data_prep, losses, train), benchmarks/ (the CPU
+# benchmark's step helpers) and this folder (checks)
+_HERE = Path(__file__).resolve().parent
+for _path in (_HERE, _HERE.parent, _HERE.parents[1]):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+from checks import SMALL_SPEC, fused_head_check, matmul_peak, shared_vision_check  # noqa: E402
 from train_step import prepare_like_train, train_step  # noqa: E402
 
 # Qwen2-VL's published configurations (config.json of Qwen/Qwen2-VL-{7B,2B}-Instruct); "tiny" is for --dry-run.
@@ -144,25 +156,37 @@ def parse_size(text: str) -> tuple[int, int]:
 
 # ---- one configuration ---------------------------------------------------------------------------------------------
 
-def step_flops(batch, counts: dict, spec: dict, live_reference: bool) -> dict:
+def step_flops(batch, counts: dict, spec: dict, finetune: str, live_reference: bool, checkpointing: bool,
+               lora_params: int = 0) -> dict:
+    """Model and executed FLOPs of one NCA-P step on `batch` (see the module docstring)."""
     text, vision = spec["text"], spec["vision"]
     lengths = batch["attention_mask"].sum(dim=1).double()
     tokens = int(lengths.sum())
-    n_text = counts["text"] + counts["lm_head"]
-    text_pass = 2 * n_text * tokens + 4 * text["num_hidden_layers"] * text["hidden_size"] * float((lengths ** 2).sum())
+    completion = int(batch["completion_mask"].sum())
+    linear = 2 * counts["text"] * tokens
+    attention = 4 * text["num_hidden_layers"] * text["hidden_size"] * float((lengths ** 2).sum())
+    head = 2 * counts["lm_head"] * completion
     grid = batch["image_grid_thw"]
-    if "image_index" in batch:  # shared: one row per unique image already
-        unique = grid
-    else:  # repeated: the four sequences of an example show the same image; count it once
-        unique = grid[: grid.size(0) // 4]
-    vision_pass = 0.0
+    shared = "image_index" in batch
+    unique = grid if shared else grid[: grid.size(0) // 4]  # repeated: an example's 4 sequences show one image
+    copies = 1 if shared else grid.size(0) // unique.size(0)  # encodes of each image per model
+    image = 0.0
     for patches in unique.prod(dim=-1).tolist():
-        vision_pass += 2 * ((counts["vision_blocks"] + counts["vision_patch_embed"]) * patches
-                            + counts["vision_merger"] * patches / 4)
-        vision_pass += 4 * vision["depth"] * vision["embed_dim"] * patches ** 2
-    per_pass = text_pass + vision_pass
-    return {"tokens": tokens, "flops": 3 * per_pass + (per_pass if live_reference else 0.0),
-            "vision_share": vision_pass / per_pass}
+        image += (2 * ((counts["vision_blocks"] + counts["vision_patch_embed"]) * patches
+                       + counts["vision_merger"] * patches / 4) + 4 * vision["depth"] * vision["embed_dim"] * patches ** 2)
+    forward = linear + attention + head + image
+    if finetune == "full":
+        policy = 3 * forward
+        recompute = (linear + attention + copies * image) if checkpointing else 0.0
+        extra_vision = 3 * (copies - 1) * image
+    else:
+        policy = 2 * linear + 3 * attention + 2 * head + image + 6 * lora_params * tokens
+        recompute = (linear + attention) if checkpointing else 0.0
+        extra_vision = (copies - 1) * image
+    reference = forward if live_reference else 0.0
+    executed = policy + reference + recompute + extra_vision + ((copies - 1) * image if live_reference else 0.0)
+    return {"tokens": tokens, "completion_tokens": completion, "flops": policy + reference,
+            "executed_flops": executed, "vision_share": image / forward, "vision_copies": copies}
 
 
 def expected_speedups(counts: dict, spec: dict, patches: int, text_tokens: int, checkpointing: bool,
@@ -239,26 +263,48 @@ def estimate(args) -> int:
     return 0
 
 
-def run_config(cfg: dict, args, processor, data_dir: Path, image_dirs: dict, workdir: Path, device: str,
-               state: dict) -> dict:
-    """One configuration; `state` receives what holds memory, so that the caller can free it even after an error."""
-    import torch
+def make_trainer(model, ref_model, args, dataset, processor, workdir: Path, name: str, shared: bool,
+                 precompute: bool = False, lora: bool = False, learning_rate: float = 1e-7):
+    """The project's NCAPTrainer as a training run builds it, prepared as `Trainer.train()` prepares it; returns the
+    trainer, the model to step and one collated batch."""
     from peft import LoraConfig
 
-    from data_prep.spy_tune import build_dataset
     from losses.nca_p_trainer import NCAPConfig, NCAPTrainer
 
+    cuda = args.device.startswith("cuda")
+    training_args = NCAPConfig(
+        output_dir=str(workdir / "out" / name), use_cpu=not cuda, bf16=args.dtype == "bf16",
+        report_to="none", max_length=None, per_device_train_batch_size=args.batch_size,
+        activation_checkpointing=args.activation_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False} if args.activation_checkpointing else None,
+        shared_vision=shared, precompute_ref_log_probs=precompute, disable_tqdm=True, learning_rate=learning_rate,
+    )
+    peft_config = None
+    if lora:
+        peft_config = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0,
+                                 target_modules=args.lora_targets.split(","))
+    trainer = NCAPTrainer(model=model, ref_model=ref_model, args=training_args, train_dataset=dataset,
+                          processing_class=processor, peft_config=peft_config)
+    stepped = prepare_like_train(trainer)
+    batch = trainer.data_collator([dict(trainer.train_dataset[i]) for i in range(args.batch_size)])
+    return trainer, stepped, batch
+
+
+def run_config(cfg: dict, args, processor, dataset, workdir: Path, state: dict, peak_tflops: dict) -> dict:
+    """One configuration; `state` receives what holds memory, so that the caller can free it even after an error."""
+    import torch
+
+    device = args.device
     cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     spec = MODEL_SPECS[args.model]
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     result = {**cfg, "status": "ok"}
     t_start = time.perf_counter()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         result["allocated_before_gb"] = torch.cuda.memory_allocated() / 2**30
 
-    model = build_model(spec, processor, device, dtype)
+    model = build_model(spec, processor, device, args.torch_dtype)
     state["model_ref"] = weakref.ref(model)
     counts = parameter_counts(model)
     ref_model = None
@@ -266,42 +312,32 @@ def run_config(cfg: dict, args, processor, data_dir: Path, image_dirs: dict, wor
         # TRL would load the reference from the model's Hub name, which a model built here does not have
         state["ref_model"] = ref_model = copy.deepcopy(model)
     result["build_s"] = time.perf_counter() - t_start
-
-    dataset = build_dataset("nca_p", data_dir / "train_data.json", image_dirs[cfg["image_size"]], seed=0,
-                            num_samples=args.batch_size)
-    training_args = NCAPConfig(
-        output_dir=str(workdir / "out" / cfg["name"]), use_cpu=not cuda, bf16=args.dtype == "bf16",
-        report_to="none", max_length=None, per_device_train_batch_size=args.batch_size,
-        activation_checkpointing=args.activation_checkpointing,
-        activation_checkpointing_kwargs={"use_reentrant": False} if args.activation_checkpointing else None,
-        shared_vision=cfg["shared_vision"], precompute_ref_log_probs=cfg["reference"] == "precomputed",
-        disable_tqdm=True, learning_rate=1e-7,
-    )
-    peft_config = None
-    if cfg["finetune"] == "lora":
-        peft_config = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0,
-                                 target_modules=args.lora_targets.split(","))
     t0 = time.perf_counter()
-    trainer = NCAPTrainer(model=model, ref_model=ref_model, args=training_args, train_dataset=dataset,
-                          processing_class=processor, peft_config=peft_config)
+    trainer, stepped, batch = make_trainer(model, ref_model, args, dataset, processor, workdir, cfg["name"],
+                                           cfg["shared_vision"], cfg["reference"] == "precomputed",
+                                           cfg["finetune"] == "lora")
     state["trainer"] = trainer
     state.pop("ref_model", None)
     del model, ref_model
-    stepped = prepare_like_train(trainer)
-    batch = trainer.data_collator([dict(trainer.train_dataset[i]) for i in range(args.batch_size)])
     result["trainer_s"] = time.perf_counter() - t0  # includes the reference pass when precomputed
+    lora_params = sum(p.numel() for n, p in trainer.model.named_parameters() if "lora_" in n)
     result["trainable_params"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     result["parameters"] = counts
     result["activation_checkpointing_active"] = bool(
         getattr(trainer.accelerator.unwrap_model(stepped), "is_activation_checkpointing", False))
-    result["optimizer"] = str(getattr(training_args.optim, "value", training_args.optim))
+    result["optimizer"] = str(getattr(trainer.args.optim, "value", trainer.args.optim))
     if cuda:
+        # after the precompute pass, the reference (full fine-tuning) must be gone: compare live / precomputed
+        result["allocated_after_setup_gb"] = torch.cuda.memory_allocated() / 2**30
         result["setup_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
         torch.cuda.reset_peak_memory_stats()
 
-    flops = step_flops(batch, counts, spec, live_reference=cfg["reference"] == "live")
+    flops = step_flops(batch, counts, spec, cfg["finetune"], cfg["reference"] == "live",
+                       args.activation_checkpointing, lora_params)
     result.update({"sequences": int(batch["input_ids"].size(0)), "padded_length": int(batch["input_ids"].size(1)),
-                   "tokens_per_step": flops["tokens"], "model_tflop_per_step": flops["flops"] / 1e12,
+                   "tokens_per_step": flops["tokens"], "completion_tokens_per_step": flops["completion_tokens"],
+                   "model_tflop_per_step": flops["flops"] / 1e12,
+                   "executed_tflop_per_step": flops["executed_flops"] / 1e12,
                    "vision_flop_share": flops["vision_share"],
                    "image_tokens_per_image": int(batch["image_grid_thw"][0].prod()) // 4})
     for _ in range(args.warmup):
@@ -314,10 +350,13 @@ def run_config(cfg: dict, args, processor, data_dir: Path, image_dirs: dict, wor
         sync()
         times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
+    tflops = flops["flops"] / step_s / 1e12
     result.update({"step_times_s": times, "step_s": step_s, "tokens_per_s": flops["tokens"] / step_s,
-                   "examples_per_s": args.batch_size / step_s,
-                   "tflops": flops["flops"] / step_s / 1e12,
-                   "mfu": flops["flops"] / step_s / (args.peak_tflops * 1e12)})
+                   "examples_per_s": args.batch_size / step_s, "tflops": tflops,
+                   "mfu": tflops / peak_tflops["datasheet"],
+                   "mfu_measured_peak": tflops / peak_tflops["measured"] if peak_tflops.get("measured") else None,
+                   "hfu_measured_peak": (flops["executed_flops"] / step_s / 1e12 / peak_tflops["measured"]
+                                         if peak_tflops.get("measured") else None)})
     if cuda:
         result["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
         result["reserved_peak_gb"] = torch.cuda.max_memory_reserved() / 2**30
@@ -348,10 +387,11 @@ def error_status(exc: BaseException) -> str:
 # ---- the run ------------------------------------------------------------------------------------------------------
 
 def configurations(args) -> list[dict]:
-    """Priority order: live reference first (every size), then precomputed; LoRA before full FT; shared first."""
+    """Most informative first: at the first (largest) size, full fine-tuning and LoRA with shared vision on and off
+    (live reference), then the precomputed reference (shared), then the same at the other sizes."""
     out = []
-    for reference in args.references:
-        for size in args.sizes:
+    for size in args.sizes:
+        for reference in args.references:
             for finetune in args.finetune:
                 for shared in args.shared:
                     if reference == "precomputed" and not shared and "on" in args.shared_values:
@@ -362,19 +402,33 @@ def configurations(args) -> list[dict]:
     return out
 
 
-def markdown_table(results: list[dict], args) -> str:
+def markdown_table(report: dict, args) -> str:
+    peak = report.get("peak_tflops", {})
+    measured = peak.get("measured")
     lines = [(f"NCA-P on a random-weight Qwen2-VL-{args.model.upper()}, batch {args.batch_size} examples "
-             f"({4 * args.batch_size} sequences), {args.dtype}, activation checkpointing "
-             f"{'on' if args.activation_checkpointing else 'off'}, MFU against {args.peak_tflops:g} TFLOP/s"), "",
-             "| image | finetune | vision | reference | status | step s | tokens/s | TFLOP/s | MFU | peak GB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
+              f"({4 * args.batch_size} sequences), {args.dtype}, activation checkpointing "
+              f"{'on' if args.activation_checkpointing else 'off'}. MFU against the datasheet peak "
+              f"({peak.get('datasheet', args.peak_tflops):g} TFLOP/s) and against the measured one "
+              f"({measured:.3g} TFLOP/s, {peak.get('measured_shape')})" if measured else
+              f"NCA-P on a random-weight Qwen2-VL-{args.model.upper()} (no measured peak)"), ""]
+    checks = report.get("checks", {})
+    for name, check in checks.items():
+        detail = {k: v for k, v in check.items() if k not in ("ok", "losses")}
+        lines.append(f"- check `{name}`: **{'ok' if check.get('ok') else 'FAILED'}** {json.dumps(detail)}")
+    if checks:
+        lines.append("")
+    lines += ["| image | finetune | vision | reference | status | step s | tokens/s | model TFLOP/s | MFU (datasheet) "
+              "| MFU (measured) | HFU (measured) | peak GB | GB after set-up |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in report["results"]:
         def fmt(key, spec, r=r):
             return format(r[key], spec) if r.get(key) is not None else "-"
         lines.append(f"| {r['image_size']} | {r['finetune']} | {'shared' if r['shared_vision'] else 'repeated'} | "
                      f"{r['reference']} | {r['status'][:60]} | {fmt('step_s', '.3f')} | {fmt('tokens_per_s', '.0f')} | "
-                     f"{fmt('tflops', '.1f')} | {fmt('mfu', '.1%')} | {fmt('peak_gb', '.1f')} |")
-    speedups = shared_speedups(results)
+                     f"{fmt('tflops', '.1f')} | {fmt('mfu', '.1%')} | {fmt('mfu_measured_peak', '.1%')} | "
+                     f"{fmt('hfu_measured_peak', '.1%')} | {fmt('peak_gb', '.1f')} | "
+                     f"{fmt('allocated_after_setup_gb', '.1f')} |")
+    speedups = shared_speedups(report["results"])
     if speedups:
         lines += ["", "Shared vision encoding, step-time ratio repeated / shared:"]
         lines += [f"- {k}: **{v:.2f}x**" for k, v in speedups.items()]
@@ -422,8 +476,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration (median reported)")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="the device's dense bf16 peak, for MFU")
     parser.add_argument("--time-budget", type=float, default=450.0,
-                        help="seconds; no configuration starts once the elapsed time plus the longest one so far "
-                             "would pass it")
+                        help="seconds from --started-at; no configuration starts once the elapsed time plus the "
+                             "longest one so far would pass it")
+    parser.add_argument("--started-at", type=float, default=None,
+                        help="epoch seconds the budget counts from (run.sh passes its own start, so that the wheel "
+                             "install counts too; default: this process's start)")
+    parser.add_argument("--skip-checks", action="store_true", help="no correctness checks before the timings")
     parser.add_argument("--out", default=None, help="output folder (default: $OUT, else benchmarks/results)")
     parser.add_argument("--estimate", action="store_true",
                         help="print the FLOP-based expected ratios for 7B and 2B at --sizes and exit (no GPU)")
@@ -456,12 +514,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
+    from data_prep.spy_tune import build_dataset
     from data_prep.synthetic import build
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     datasets.disable_progress_bars()
     device = args.device
+    args.torch_dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     if args.dry_run:
         torch.set_num_threads(1)  # a shared CPU: OpenMP threads waiting on each other dominate tiny ops
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -470,35 +530,52 @@ def main(argv: list[str] | None = None) -> int:
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True  # the recipes' tf32: true
         torch.backends.cudnn.allow_tf32 = True
-    started = time.perf_counter()
+    started = args.started_at or STARTED
+
+    def elapsed() -> float:
+        return time.time() - started
+
     report = {
         "benchmark": "nca_p_throughput", "model": args.model, "model_spec": MODEL_SPECS[args.model],
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu",
-        "settings": {k: v for k, v in vars(args).items() if k not in ("shared_values",)},
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "cuda": torch.version.cuda},
-        "flop_formula": "step = 3*F(policy) + F(reference, 0 if precomputed); F = 2*N_text*T + 4*L*d*sum(S^2) + "
-                        "sum_unique_images(2*N_vision*P + 4*L_v*d_v*P^2)",
-        "results": [],
+        "settings": {k: v for k, v in vars(args).items() if k not in ("shared_values", "torch_dtype")},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "trl": _version("trl"), "peft": _version("peft"),
+                     "accelerate": _version("accelerate"), "datasets": datasets.__version__, "cuda": torch.version.cuda},
+        "flop_formula": __doc__[__doc__.index("Model FLOPs"):__doc__.index("Every configuration")].strip(),
+        "checks": {}, "results": [],
     }
+    text = MODEL_SPECS[args.model]["text"]
+    peak = matmul_peak(8192 if not args.dry_run else 256, text["hidden_size"], text["intermediate_size"], device,
+                       args.torch_dtype)
+    report["peak_tflops"] = {"datasheet": args.peak_tflops, "measured": peak["tflops"], "measured_shape": peak["shape"]}
+    print(f"measured {peak['dtype']} matmul {peak['shape']}: {peak['tflops']:.1f} TFLOP/s ({elapsed():.0f} s)",
+          flush=True)
     configs = configurations(args)
     with tempfile.TemporaryDirectory(prefix="nca-p-throughput-") as tmp:
         workdir = Path(tmp)
         processor = build_processor(workdir, args.min_pixels, args.max_pixels)
         data_dir = build(workdir / "data", train_per_label=1, test_per_label=1, image_size=64)
-        image_dirs = {s: make_images(data_dir, workdir / f"images-{s}", parse_size(s)) for s in args.sizes}
+        datasets_by_size = {
+            size: build_dataset("nca_p", data_dir / "train_data.json",
+                                make_images(data_dir, workdir / f"images-{size}", parse_size(size)), seed=0,
+                                num_samples=args.batch_size)
+            for size in args.sizes}
+        if not args.skip_checks:
+            run_checks(report, args, processor, datasets_by_size[args.sizes[-1]], workdir)
+            write_outputs(out_dir, report, markdown_table(report, args), stem)
         longest = 0.0
         for i, cfg in enumerate(configs):
-            elapsed = time.perf_counter() - started
-            if i and elapsed + longest > args.time_budget:
+            if elapsed() + longest > args.time_budget:
                 report["results"].append({**cfg, "status": "skipped (time budget)"})
                 print(f"[{i + 1}/{len(configs)}] {cfg['name']}: skipped (time budget)", flush=True)
                 continue
-            print(f"[{i + 1}/{len(configs)}] {cfg['name']} ...", flush=True)
+            print(f"[{i + 1}/{len(configs)}] {cfg['name']} ... ({elapsed():.0f} s)", flush=True)
             t0 = time.perf_counter()
             state = {}  # everything of this configuration that holds memory, dropped by `free`
             try:
-                result = run_config(cfg, args, processor, data_dir, image_dirs, workdir, device, state)
+                result = run_config(cfg, args, processor, datasets_by_size[cfg["image_size"]], workdir, state,
+                                    report["peak_tflops"])
             except Exception as exc:  # noqa: BLE001 (one configuration's failure must not lose the others)
                 traceback.print_exc()
                 result = {**cfg, "status": error_status(exc)}
@@ -512,16 +589,55 @@ def main(argv: list[str] | None = None) -> int:
             longest = max(longest, time.perf_counter() - t0)
             report["results"].append(result)
             brief = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()
-                     if k in ("status", "step_s", "tokens_per_s", "mfu", "peak_gb", "freed")}
+                     if k in ("status", "step_s", "tokens_per_s", "mfu", "mfu_measured_peak", "peak_gb", "freed")}
             print(f"    {brief} ({time.perf_counter() - t0:.0f} s)", flush=True)
             report["shared_vision_speedups"] = shared_speedups(report["results"])
-            report["wall_s"] = time.perf_counter() - started
-            write_outputs(out_dir, report, markdown_table(report["results"], args), stem)
-    table = markdown_table(report["results"], args)
+            report["wall_s"] = elapsed()
+            write_outputs(out_dir, report, markdown_table(report, args), stem)
+    report["wall_s"] = elapsed()
+    write_outputs(out_dir, report, markdown_table(report, args), stem)
     print()
-    print(table)
-    print(f"\nwrote {out_dir / stem}.json and .md ({report['wall_s']:.0f} s)")
-    return 0 if any(r["status"] == "ok" for r in report["results"]) else 1
+    print(markdown_table(report, args))
+    print(f"\nwrote {out_dir / stem}.json and .md ({report['wall_s']:.0f} s since the start)")
+    checks_ok = all(check.get("ok") for check in report["checks"].values())
+    return 0 if checks_ok and any(r["status"] == "ok" for r in report["results"]) else 1
+
+
+def _version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def run_checks(report: dict, args, processor, dataset, workdir: Path) -> None:
+    """The correctness checks (checks.py) on a small random model, before any timing; recorded in `report`."""
+    import torch
+
+    def small_model(spec, processor, device):
+        return build_model(spec, processor, device, args.torch_dtype)
+
+    def small_trainer(model, ref_model, shared):
+        return make_trainer(model, ref_model, args, dataset, processor, workdir, f"check-{shared}", shared,
+                            learning_rate=1e-4)
+
+    for name, run in (("fused_head", lambda: fused_head_check(small_model(SMALL_SPEC, processor, args.device),
+                                                              args.device, args.dtype)),
+                      ("shared_vision", lambda: shared_vision_check(small_model, small_trainer, processor,
+                                                                    args.device, args.dtype))):
+        t0 = time.perf_counter()
+        try:
+            report["checks"][name] = run()
+        except Exception as exc:  # noqa: BLE001 (recorded; the timings still run)
+            traceback.print_exc()
+            report["checks"][name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        report["checks"][name]["seconds"] = time.perf_counter() - t0
+        print(f"check {name}: {json.dumps(report['checks'][name])}", flush=True)
+        gc.collect()
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
