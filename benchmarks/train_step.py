@@ -97,12 +97,12 @@ def tensor_mb(tensors) -> float:
 
 
 def state_mb(trainer) -> float:
-    """Weights of the policy and the reference model, and the optimizer state, kept between steps."""
+    """Weights of every live model (policy, reference unless released) and the optimizer state."""
     import torch
 
-    tensors = list(trainer.model.parameters()) + list(trainer.model.buffers())
-    if trainer.ref_model is not None:
-        tensors += list(trainer.ref_model.parameters()) + list(trainer.ref_model.buffers())
+    # every model still alive through the trainer or the accelerator's list (a released reference must be in neither)
+    models = {id(m): m for m in (trainer.model, trainer.ref_model, *trainer.accelerator._models) if m is not None}
+    tensors = [t for m in models.values() for t in (*m.parameters(), *m.buffers())]
     for state in trainer.optimizer.state.values():
         tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
     return tensor_mb(tensors)
