@@ -78,7 +78,7 @@ def fused_head_check(model, device: str, dtype_name: str, batch: int = 4, length
     reference = torch.log_softmax(logits, dim=-1).gather(-1, target.clamp(min=0)[..., None])[..., 0] * mask
     reference_grad, = torch.autograd.grad(reference.sum(), head)
 
-    logprob_err = float((fused.float() - reference).abs()[mask].max())
+    logprob_err = float((fused.detach().float() - reference.detach()).abs()[mask].max())
     grad_err = float((fused_grad.float() - reference_grad.float()).norm() / reference_grad.float().norm())
     return {"triton": _use_triton(torch.device(device)), "positions": int(mask.sum()),
             "logprob_max_abs_err": logprob_err, "grad_rel_err": grad_err,
