@@ -319,6 +319,11 @@ def run_config(cfg: dict, args, processor, dataset, workdir: Path, state: dict, 
     state["trainer"] = trainer
     state.pop("ref_model", None)
     del model, ref_model
+    # A model is a reference cycle (TRL's fused head binds its forward to it): only the collector frees a released
+    # reference once this frame lets go of it, as it would in a training script where TRL creates the reference.
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
     result["trainer_s"] = time.perf_counter() - t0  # includes the reference pass when precomputed
     lora_params = sum(p.numel() for n, p in trainer.model.named_parameters() if "lora_" in n)
     result["trainable_params"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
