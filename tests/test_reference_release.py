@@ -6,6 +6,9 @@ and the reference's bytes are gone. Counted over every live object, not over the
 """
 
 import gc
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -87,3 +90,18 @@ def test_weighted_byte_sum_detects_each_change_and_matches_its_definition(monkey
     swapped[[10, 500]] = data[[500, 10]]
     assert data[10] == data[500] or weighted_byte_sum(swapped) != expected
     assert tensor_digest(torch.ones(3)) != tensor_digest(torch.ones(3) * 2)
+
+
+@pytest.mark.slow
+def test_precompute_frees_the_reference_under_deepspeed(tmp_path):
+    """DeepSpeed ZeRO-2 (one CPU process): TRL wraps the reference in its own engine; the precompute frees it too."""
+    pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+         str(root / "accelerate_configs" / "zero2_cpu.yaml"), str(root / "tests" / "reference_release_probe.py"),
+         str(tmp_path)], cwd=root, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT")]
+    assert lines == ["RESULT precompute=False deepspeed=True live_models=2",
+                     "RESULT precompute=True deepspeed=True live_models=1"], result.stdout[-2000:]
