@@ -18,16 +18,20 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def launch(script: str, recipe: str, tiny_model_dir, synthetic_dir, out, *overrides, config="cpu.yaml", env=None):
+def launch(script: str, recipe: str, tiny_model_dir, synthetic_dir, out, *overrides, config="cpu.yaml", env=None,
+           launcher_args=(), output=None):
+    """Train through `accelerate launch`; returns the run's log history (and its stdout into `output`, a list)."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / config),
-        str(ROOT / "train" / f"{script}.py"), str(ROOT / "recipes" / "demo" / f"{recipe}.yaml"),
+        *launcher_args, str(ROOT / "train" / f"{script}.py"), str(ROOT / "recipes" / "demo" / f"{recipe}.yaml"),
         "--model_name_or_path", str(tiny_model_dir), "--train_data_path", str(synthetic_dir / "train_data.json"),
         "--image_folder", str(synthetic_dir), "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1",
         "--per_device_train_batch_size", "2", "--save_steps", "2", "--save_total_limit", "null", *overrides,
     ]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
     assert result.returncode == 0, result.stderr[-3000:]
+    if output is not None:
+        output.append(result.stdout)
     return json.loads((Path(out) / "train_metrics.json").read_text())
 
 

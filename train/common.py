@@ -177,6 +177,8 @@ def finish(trainer, method: str, script_args, training_args, model_args) -> None
                      model_args, train_metrics)
     with open(Path(training_args.output_dir) / "train_metrics.json", "w") as f:
         json.dump(trainer.state.log_history, f, indent=1)
+    print(f"saved the {METHOD_NAMES[method]} model, its card and train_metrics.json to {training_args.output_dir} "
+          f"(main process of {trainer.accelerator.num_processes})", flush=True)
     if training_args.push_to_hub:
         publish(training_args.output_dir, training_args.hub_model_id, training_args.hub_private_repo)
 
