@@ -128,3 +128,32 @@ def test_precomputed_reference_two_processes(tiny_model_dir, synthetic_dir, tmp_
     assert all(x == pytest.approx(y, abs=1e-4) for x, y in zip(*values))
     assert_same_history(a, b)
     assert_same_weights(tmp_path / "a", tmp_path / "b")
+
+
+def reloaded_state(path: Path) -> dict:
+    """The saved model as transformers loads it (ZeRO-3's consolidated save names keys differently; loading maps them)."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    model, info = Qwen2VLForConditionalGeneration.from_pretrained(path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("stage,overrides", [
+    ("zero2", ()),
+    ("zero3", ("--activation_checkpointing", "true", "--precompute_ref_log_probs", "true")),
+])
+def test_deepspeed_two_processes_train_like_one(stage, overrides, tiny_model_dir, synthetic_dir, tmp_path):
+    """NCA-P with shared vision under DeepSpeed on 2 CPU processes ends where 1 plain process ends; under ZeRO-3 the
+    vision tower runs on gathered parameters, with activation checkpointing and the reference precompute."""
+    pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+    steps = ("--max_steps", "2", "--warmup_steps", "0", "--learning_rate", "1e-3", *overrides)
+    output = []
+    a = launch("nca_p", "nca_p", tiny_model_dir, synthetic_dir, tmp_path / "a", "--per_device_train_batch_size", "2",
+               *steps, config=f"{stage}_cpu.yaml", output=output,
+               launcher_args=("--num_processes", "2", "--main_process_port", str(free_port())))
+    b = one_process("nca_p", "nca_p", tiny_model_dir, synthetic_dir, tmp_path / "b", *steps)
+    assert "main process of 2" in output[0]
+    assert_same_history(a, b)
+    sa, sb = reloaded_state(tmp_path / "a"), reloaded_state(tmp_path / "b")
+    assert max((sa[k] - sb[k]).abs().max().item() for k in sb) < TOL
