@@ -93,8 +93,10 @@ class RunFile:
     """An append-only JSON Lines file of finished samples, keyed by `key` (default `id`).
 
     `header` describes what makes the answers (model, backend, judge, settings that change answers): a new
-    file starts with it, and an existing file with another header (or none, while records exist) is refused,
-    naming the first setting that differs, unless `new_run` (the user's explicit --new-run) starts it over.
+    file starts with it, and an existing file with another header is refused, naming the first setting that
+    differs, unless `new_run` (the user's explicit --new-run) starts it over. A file without a header (written
+    before headers existed) is checked against the settings its records carry, and gains the header when
+    rewritten.
     Opening never changes the file: a torn last line is cut only when something is appended, i.e. after the
     command has checked all its input; a last line that is complete but lacks its newline is kept."""
 
@@ -134,23 +136,30 @@ class RunFile:
         if new_run:
             self._restart = True
             return  # the existing file is ours (it parsed as one) and the user asked to start over
-        if self.header is not None and (header is not None or records):
+        if self.header is not None and header is not None:
             self._check_header(header)
+        elif self.header is not None:
+            self._check_records(records, first=1)
         self._restart = False
         self.header = self.header if self.header is not None else header
         for record in records:
             self._records[str(record[self.key])] = record
 
-    def _check_header(self, found: dict | None) -> None:
-        if found is None:
-            raise InputError(self.path, 1, HEADER, "missing: this file was not written by this version of the "
-                             "command, so what made its answers is unknown; pass --new-run to start it over, "
-                             "or choose another output path")
+    def _check_header(self, found: dict) -> None:
         for name in sorted(set(self.header) | set(found)):
             if found.get(name) != self.header.get(name):
-                raise InputError(self.path, 1, name, f"this run was made with {found.get(name)!r}, not "
-                                 f"{self.header.get(name)!r}; pass --new-run to start it over, or choose "
-                                 "another output path")
+                self._refuse(1, name, found.get(name))
+
+    def _check_records(self, records: list[dict], first: int) -> None:
+        # A file from before run headers: its records carry some of the settings (model, mode, judge...).
+        for lineno, record in enumerate(records, first):
+            for name, value in self.header.items():
+                if name in record and record[name] != value:
+                    self._refuse(lineno, name, record[name])
+
+    def _refuse(self, where, name: str, found) -> None:
+        raise InputError(self.path, where, name, f"this run was made with {found!r}, not {self.header.get(name)!r}; "
+                         "pass --new-run to start it over, or choose another output path")
 
     def __len__(self) -> int:
         return len(self._records)
@@ -178,6 +187,11 @@ class RunFile:
 
     def _header_lines(self) -> list[str]:
         return [json.dumps({HEADER: self.header}, ensure_ascii=False) + "\n"] if self.header is not None else []
+
+    def begin(self) -> None:
+        """Call once all input is checked: start the file (its header line; over the old file with
+        `new_run`), or repair a torn end. The first append does this itself."""
+        self._prepare()
 
     def _prepare(self) -> None:
         """The first write: start the file (header line), or repair its end, now that input is checked."""

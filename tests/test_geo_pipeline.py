@@ -10,8 +10,8 @@ import pytest
 from chat_server import ChatServer, Flaky, Reply, image_urls, last_user_text
 from PIL import Image
 
-from eval.__main__ import main as eval_main
 from eval import runs as eval_runs
+from eval.__main__ import main as eval_main
 from eval.backends import image_data_url
 from eval.geoprivacy.judge import judge_run
 from eval.geoprivacy.prompts import PROMPTS, followup_text, free_form_text, mcq_text, system_message
