@@ -240,7 +240,7 @@ def check_outputs(inputs: Iterable, outputs: Iterable, folders: Iterable = ()) -
     that cannot be created (under a file, or in a folder without write permission); `folders` are output
     folders, checked the same way."""
     given = {Path(p).resolve(): p for p in inputs if p is not None}
-    for path, is_folder in [*((p, False) for p in outputs), *((p, True) for p in folders)]:
+    for path, is_folder in [*((p, True) for p in folders), *((p, False) for p in outputs)]:
         if path is None:
             continue
         path = Path(path)

@@ -105,6 +105,8 @@ def validate_record(record: dict, fail) -> None:
             fail(field, "missing field")
         if not isinstance(record[field], kind) or isinstance(record[field], bool):
             fail(field, f"expected {kind.__name__}, got {type(record[field]).__name__}")
+        if kind is str and not record[field].strip():
+            fail(field, "empty")
     width, height = record["width"], record["height"]
     if width <= 0 or height <= 0:
         fail("width", f"image size must be positive, got {width}x{height}")
