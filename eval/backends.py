@@ -288,7 +288,13 @@ def load_generator(backend: str, model: str, **options) -> Generator:
     """A Generator for `model` on `backend` ("hf", "vllm" or "openai"); options go to its constructor."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    return BACKENDS[backend](model, **options)
+    try:
+        return BACKENDS[backend](model, **options)
+    except OSError as err:  # transformers' word for a model that is not there (no such folder, not on the Hub)
+        if backend == "openai":
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError("--model", None, None, f"cannot load {model!r}: {first}") from None
 
 
 def generate_run(generator: Generator, requests: list[dict], out_path, meta: dict | None = None,

@@ -148,6 +148,9 @@ CASES = [
      ["--max-new-tokens: must be at least 1, got -5"]),
     ("spy-generate-timeout-0", None, spy_gen("--timeout", "0"), ["--timeout: must be a positive number"]),
     ("spy-generate-max-retries-negative", None, spy_gen("--max-retries", "-1"), ["--max-retries: must be at least 0"]),
+    ("spy-generate-model-not-found", None, ["spy", "generate", "--backend", "hf", "--model", "no-such-folder",
+                                            "--items", "q.json", "--images", ".", "--out", "out.jsonl"],
+     ["--model: cannot load 'no-such-folder'"]),
     ("spy-generate-option-of-another-backend", None, spy_gen("--batch-size", "4"),
      ["--batch-size: not used by the openai backend"]),
     # --- spy self-moderate ------------------------------------------------------------------------------------
