@@ -74,7 +74,14 @@ def write_text(path, text: str) -> None:
 
 
 def _umask() -> int:
-    mask = os.umask(0)  # the only way to read it is to set it
+    try:  # Linux says it without changing it (setting it, even back, races with other threads)
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o077)
     os.umask(mask)
     return mask
 
