@@ -71,7 +71,7 @@ def cmd_generate(args) -> int:
         path = data.find_image(args.images, i, meta.get(i))
         if path is None:
             raise InputError(args.images, None, i, f"no image for id {i} (looked for {data.image_id(i)}.jpg / {i}.jpg)")
-        check_image(path)
+        check_image(path, None, i, source=args.images)
         images[i] = str(path)
     prompt_format = args.prompt_format or ("api" if args.backend == "openai" else "open")
     options = {"max_new_tokens": args.max_new_tokens}
