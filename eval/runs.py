@@ -279,6 +279,13 @@ def int_at_least(minimum: int):
     return parse
 
 
+def nonempty(text: str) -> str:
+    """An argparse type: a name that is not empty or blank (a model, a judge)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def positive_float(text: str) -> float:
     """An argparse type: a finite number > 0."""
     try:

@@ -151,6 +151,8 @@ CASES = [
     ("spy-generate-model-not-found", None, ["spy", "generate", "--backend", "hf", "--model", "no-such-folder",
                                             "--items", "q.json", "--images", ".", "--out", "out.jsonl"],
      ["--model: cannot load 'no-such-folder'"]),
+    ("spy-generate-empty-model", None, ["spy", "generate", "--backend", "openai", "--model", "", "--items", "q.json",
+                                        "--images", ".", "--out", "out.jsonl"], ["--model: must not be empty"]),
     ("spy-generate-option-of-another-backend", None, spy_gen("--batch-size", "4"),
      ["--batch-size: not used by the openai backend"]),
     # --- spy self-moderate ------------------------------------------------------------------------------------
@@ -181,6 +183,10 @@ CASES = [
     ("spy-judge-other-judge", lambda d: shutil.copy(d / "judged.jsonl", d / "j.jsonl"),
      ["spy", "judge", "run.jsonl", "--judge-model", "gpt-x", "--base-url", DEAD, "--out", "j.jsonl"],
      ["j.jsonl:1: judge: this run was made with 'rule', not 'gpt-x'"]),
+    ("spy-judge-wrong-resp-key", None, ["spy", "judge", "run.jsonl", "--judge", "rule", "--resp-key", "resp_3",
+                                        "--out", "j.jsonl"], ["run.jsonl: resp_3: no record has this field"]),
+    ("spy-judge-empty-judge-model", None, ["spy", "judge", "run.jsonl", "--judge-model", " ", "--out", "j.jsonl"],
+     ["--judge-model: must not be empty"]),
     ("spy-judge-concurrency-0", None, ["spy", "judge", "run.jsonl", "--judge-model", "j", "--concurrency", "0",
                                        "--out", "j.jsonl"], ["--concurrency: must be at least 1"]),
     # --- spy metrics ------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from data_prep.errors import InputError
 from eval.general import mme, mmmu, ocrbench, results
-from eval.runs import RunFile, check_outputs, int_at_least
+from eval.runs import RunFile, check_outputs, int_at_least, nonempty
 
 BENCHES = {"mmmu": mmmu, "ocrbench": ocrbench, "mme": mme}
 # VLMEvalKit's Qwen2-VL-7B-Instruct image resolution (its config, and the OCRBench override in its model code).
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, bench in BENCHES.items():
         p = steps.add_parser(name, help=f"generate {name} answers into a resumable run file")
         p.set_defaults(benchmark=name, run_step=generate)
-        p.add_argument("--model", required=True, help="model path or Hub id (the API model name for openai)")
+        p.add_argument("--model", required=True, type=nonempty, help="model path or Hub id (the API model name for openai)")
         p.add_argument("--backend", required=True, choices=["hf", "vllm", "openai"])
         p.add_argument("--out", required=True, help="run file (JSON Lines), resumed if it exists")
         p.add_argument("--dataset", help=f"Hub id or local copy (save_to_disk dir or parquet); default {bench.HUB_ID}")

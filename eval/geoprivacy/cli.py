@@ -16,7 +16,7 @@ from pathlib import Path
 from data_prep.errors import InputError, check_image, read_text
 from eval.geoprivacy import data
 from eval.geoprivacy.prompts import MAX_FOLLOWUPS, METHODS, PROMPT_FORMATS
-from eval.runs import RunFile, check_outputs, int_at_least, warn_unequal_counts
+from eval.runs import RunFile, check_outputs, int_at_least, nonempty, warn_unequal_counts
 
 
 def _judge_client(model, base_url, api_key_env, concurrency, cache):
@@ -252,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="model answers for the benchmark images (resumable run file)")
     g.add_argument("--backend", choices=("hf", "vllm", "openai"), required=True)
-    g.add_argument("--model", required=True, help="model path / Hub id / API model name")
+    g.add_argument("--model", required=True, type=nonempty, help="model path / Hub id / API model name")
     g.add_argument("--images", required=True, help="folder of images named <image_id>.jpg or <label id>.jpg")
     g.add_argument("--out", required=True, help="run file (JSON Lines) to write or resume")
     g.add_argument("--setting", choices=("free-form", "mcq"), default="free-form")
@@ -272,14 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--api-key-env", default="OPENAI_API_KEY")
     g.add_argument("--concurrency", type=int_at_least(1), default=8)
     g.add_argument("--new-run", action="store_true", help=NEW_RUN_HELP)
-    g.add_argument("--judge-model", default=None, help=f"iter-cot: judge between turns (up to {MAX_FOLLOWUPS} more)")
+    g.add_argument("--judge-model", default=None, type=nonempty, help=f"iter-cot: judge between turns (up to {MAX_FOLLOWUPS} more)")
     _add_judge_args(g, "judge-")
     g.set_defaults(func=cmd_generate)
 
     j = sub.add_parser("judge", help="granularity labels for free-form answers (resumable)")
     j.add_argument("input", help="run file from `geo generate --setting free-form`")
     j.add_argument("--out", required=True)
-    j.add_argument("--judge-model", default="gpt-4.1-mini", help="the authors used gpt-4.1-mini (at T=0.7; we use 0)")
+    j.add_argument("--judge-model", default="gpt-4.1-mini", type=nonempty, help="the authors used gpt-4.1-mini (at T=0.7; we use 0)")
     j.add_argument("--new-run", action="store_true", help=NEW_RUN_HELP)
     _add_judge_args(j)
     j.set_defaults(func=cmd_judge)
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("coordinates", help="coordinates for answers judged C (place-name LLM + Google Geocoding)")
     c.add_argument("input", help="run file from `geo judge`")
     c.add_argument("--out", required=True, help="coordinate run file (JSON Lines)")
-    c.add_argument("--extract-model", default="gpt-4o-mini", help="the authors' place-name extractor")
+    c.add_argument("--extract-model", default="gpt-4o-mini", type=nonempty, help="the authors' place-name extractor")
     c.add_argument("--geocoder-key-env", default="GOOGLE_MAPS_API_KEY")
     c.add_argument("--geocoder-url", default=None, help="Geocoding API endpoint (default: Google's)")
     c.add_argument("--new-run", action="store_true", help=NEW_RUN_HELP)

@@ -19,6 +19,7 @@ from eval.runs import (
     RunFile,
     check_outputs,
     int_at_least,
+    nonempty,
     read_jsonl,
     warn_unequal_counts,
     write_json,
@@ -190,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_data(steps.add_parser("generate", help="predictions with one of the three modes"))
     p.add_argument("--mode", choices=MODES, required=True)
     p.add_argument("--backend", choices=("hf", "vllm", "openai"), default="hf")
-    p.add_argument("--model", required=True, help="model path or name (served name for --backend openai)")
+    p.add_argument("--model", required=True, type=nonempty, help="model path or name (served name for --backend openai)")
     p.add_argument("--out", required=True, help="predictions JSON Lines file")
     p.add_argument("--run", default=None, help="run file with every request and stage (default: <out>.run.jsonl)")
     p.add_argument("--limit", type=int_at_least(1), default=None, help="only the first N images")
@@ -214,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_data(steps.add_parser("judge", help="q4/q5 verdicts from an LLM judge"))
     p.add_argument("--predictions", required=True)
     p.add_argument("--out", required=True, help="judgments JSON Lines file")
-    p.add_argument("--judge-model", required=True)
+    p.add_argument("--judge-model", required=True, type=nonempty)
     p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint (default: OpenAI)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable with the key")
     p.add_argument("--concurrency", type=int_at_least(1), default=8)

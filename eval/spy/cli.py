@@ -9,7 +9,8 @@
 
 Each step reads the previous step's file, validates all of it before doing anything (bad input: one line
 naming file, line and field, exit status 2, nothing written), and the long steps (generate,
-self-moderate, judge) are resumable: run the same command again after a kill or after failures.
+self-moderate, judge) are resumable: run the same command again after a kill or after failures. Their run
+files record the model and settings: resuming with others refuses, `--new-run` starts the file over.
 The same steps are plain functions here (`generate`, `self_moderate`, `judge`, `metrics`, `report`).
 """
 
@@ -26,6 +27,7 @@ from eval.runs import (
     RunFile,
     check_outputs,
     int_at_least,
+    nonempty,
     positive_float,
     read_jsonl,
     warn_unequal_counts,
@@ -137,6 +139,8 @@ def _judge_inputs(run, resp_key: str) -> list[dict]:
         if str(record["id"]) in seen:
             raise InputError(run, n, "id", f"duplicate id {record['id']!r}")
         seen.add(str(record["id"]))
+    if records and not any(resp_key in r for r in records):
+        raise InputError(run, None, resp_key, "no record has this field: is --resp-key right, is this a run file?")
     return records
 
 
@@ -276,7 +280,7 @@ def report(metrics_files: list, out_dir, names: list[str] | None = None, metric:
 
 
 def _add_backend_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="local path or Hub id (hf, vllm); model name (openai)")
+    parser.add_argument("--model", required=True, type=nonempty, help="local path or Hub id (hf, vllm); model name (openai)")
     parser.add_argument("--backend", choices=sorted(BACKEND_OPTIONS), default="hf")
     parser.add_argument("--images", required=True, help="folder the items' image_path values are relative to")
     parser.add_argument("--out", required=True)
@@ -335,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--judge", choices=("llm", "rule"), default="llm",
                    help="rule: offline refusal-phrase approximation (smoke runs, demo)")
-    p.add_argument("--judge-model", help="e.g. gpt-4o, or the model a local vLLM server serves")
+    p.add_argument("--judge-model", type=nonempty, help="e.g. gpt-4o, or the model a local vLLM server serves")
     p.add_argument("--base-url", help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (default: OpenAI)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY")
     p.add_argument("--resp-key", default="response", help="resp_3 for self-moderation runs (writes eval_3)")
