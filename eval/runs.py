@@ -264,6 +264,8 @@ def check_outputs(inputs: Iterable, outputs: Iterable, folders: Iterable = ()) -
             raise InputError(path, None, None, f"cannot be created: {parent} is a file, not a folder")
         if not os.access(parent, os.W_OK | os.X_OK):
             raise InputError(path, None, None, f"cannot be written: no write permission in {parent}")
+        if path.is_file() and not os.access(path, os.W_OK):
+            raise InputError(path, None, None, "cannot be written: the file is read-only")
 
 
 def int_at_least(minimum: int):

@@ -273,6 +273,8 @@ CASES = [
      ["general", "score", "mmmu", "mmmu.jsonl", "--out", "s.json"], ["mmmu.jsonl:1: response: missing field"]),
     ("general-score-out-is-input", None, ["general", "score", "ocrbench", "run.jsonl", "--out", "run.jsonl"],
      ["run.jsonl: is also an input"]),
+    ("general-score-vlmeval-dir-is-a-file", None, ["general", "score", "mme", "run.jsonl", "--out", "s.json",
+                                                   "--vlmeval-dir", "notes.txt"], ["notes.txt: is a file"]),
     ("general-generate-limit-0", None, ["general", "mme", "--model", "m", "--backend", "openai", "--out", "g.jsonl",
                                         "--limit", "0"], ["--limit: must be at least 1"]),
     ("general-generate-max-new-tokens-0", None, ["general", "ocrbench", "--model", "m", "--backend", "openai",
@@ -327,8 +329,8 @@ def test_bad_input_exits_2_with_one_line_and_changes_nothing(template, tmp_path,
     assert_refused(folder, argv, fragments)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any folder")
-def test_an_out_in_an_unwritable_folder_is_refused_before_work(template, tmp_path):
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any folder or file")
+def test_an_out_in_an_unwritable_folder_or_a_read_only_file_is_refused_before_work(template, tmp_path):
     folder = tmp_path / "w"
     shutil.copytree(template, folder)
     (folder / "locked").mkdir()
@@ -337,3 +339,6 @@ def test_an_out_in_an_unwritable_folder_is_refused_before_work(template, tmp_pat
         assert_refused(folder, spy_gen(out="locked/out.jsonl"), ["out.jsonl: cannot be written: no write permission"])
     finally:
         (folder / "locked").chmod(0o755)
+    (folder / "judged.jsonl").chmod(0o444)
+    assert_refused(folder, ["spy", "judge", "run.jsonl", "--judge", "rule", "--out", "judged.jsonl"],
+                   ["judged.jsonl: cannot be written: the file is read-only"])

@@ -119,7 +119,8 @@ def score(args) -> int:
     if profile not in profiles:
         raise InputError("--profile", None, None, f"{args.benchmark} has the profiles {', '.join(profiles)}")
     out = Path(args.out)
-    check_outputs([args.run], [out, out.with_name(out.stem + ".items.jsonl")])
+    check_outputs([args.run], [out, out.with_name(out.stem + ".items.jsonl")],
+                  folders=[] if args.no_vlmeval else [args.vlmeval_dir or out.parent])
     records = read_run(bench, args.run)
     result = bench.score(records, profile) if hasattr(bench, "PROFILES") else bench.score(records)
     items_path = results.write_score(result, args.out)
