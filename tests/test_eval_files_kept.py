@@ -175,3 +175,13 @@ def test_reports_warn_when_runs_have_different_sample_counts(work):
     result = run_eval(work, "spatialtrust", "report", "--metrics", "st/m.json", "st/m3.json", "--out", "st/rep")
     assert result.returncode == 0, result.stderr
     assert "different numbers of images (m 2, m3 3)" in result.stderr
+
+
+def test_spatialtrust_score_warns_about_images_without_a_prediction(work):
+    first = (work / "st" / "pred.jsonl").read_text().splitlines()[0]
+    (work / "st" / "one.jsonl").write_text(first + "\n")
+    result = run_eval(work, "spatialtrust", "score", "--data", "st/data.jsonl", "--predictions", "st/one.jsonl",
+                      "--out", "st/s.json")
+    assert result.returncode == 0, result.stderr
+    assert "warning: 1 images without a prediction" in result.stderr
+    assert json.loads((work / "st" / "s.json").read_text())["missing_predictions"] == 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from data_prep.errors import InputError, read_json
@@ -139,6 +140,10 @@ def cmd_score(args) -> int:
     print(json.dumps(metrics))
     print(f"wrote {args.out}, {md} and {png}" + ("" if args.judgments else
                                                 "; without --judgments q4 and q5 count as 0"))
+    unjudged = sum(metrics["unjudged"].values()) if args.judgments else 0
+    if metrics["missing_predictions"] or unjudged:
+        print(f"warning: {metrics['missing_predictions']} images without a prediction and {unjudged} q4/q5 answers "
+              "without a verdict; they score 0", file=sys.stderr)
     return 0
 
 
