@@ -18,8 +18,45 @@ class InputError(ValueError):
 def read_json(path):
     """A whole JSON file; a missing file or bad JSON raises InputError naming the file (and the line)."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(path, None, None, "file not found") from None
+        return json.loads(read_text(path))
     except json.JSONDecodeError as err:
         raise InputError(path, err.lineno, None, f"not valid JSON ({err.msg})") from None
+
+
+def read_text(path) -> str:
+    """A whole UTF-8 text file; a missing, unreadable or non-UTF-8 file raises InputError naming the file
+    (and, for bad bytes, their byte offset)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(path, None, None, "file not found") from None
+    except IsADirectoryError:
+        raise InputError(path, None, None, "is a folder, not a file") from None
+    except OSError as err:
+        raise InputError(path, None, None, f"cannot read ({err.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise InputError(path, line, None, f"not UTF-8 text (byte offset {err.start})") from None
+
+
+def check_image(path, where=None, field=None, source=None) -> None:
+    """Decode an image file fully (opening reads only the header), so a file that is not an image, or is
+    truncated, is bad input here rather than a failure later. Errors name `source` (the file that refers to
+    the image, with `where` / `field`) when given, else the image."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+    except FileNotFoundError:
+        problem = "image not found"
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        problem = f"not a readable image ({type(err).__name__})"
+    else:
+        return
+    if source is None:
+        raise InputError(path, None, None, problem)
+    raise InputError(source, where, field, f"{problem}: {path}")

@@ -288,18 +288,25 @@ def load_generator(backend: str, model: str, **options) -> Generator:
     """A Generator for `model` on `backend` ("hf", "vllm" or "openai"); options go to its constructor."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    return BACKENDS[backend](model, **options)
+    try:
+        return BACKENDS[backend](model, **options)
+    except OSError as err:  # transformers' word for a model that is not there (no such folder, not on the Hub)
+        if backend == "openai":
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError("--model", None, None, f"cannot load {model!r}: {first}") from None
 
 
 def generate_run(generator: Generator, requests: list[dict], out_path, meta: dict | None = None,
-                 progress: bool = True) -> list[dict]:
+                 progress: bool = True, header: dict | None = None, new_run: bool = False) -> list[dict]:
     """Generate every request not yet done in the run file at `out_path`, appending one line per finished
     request (`{**meta[id], "id": id, "response": text}`, plus `"error"` if it failed for good), then
-    rewrite the file in request order. Killing it and running it again loses and duplicates nothing."""
+    rewrite the file in request order. Killing it and running it again loses and duplicates nothing.
+    `header` / `new_run`: what makes the answers, checked against an existing file (see RunFile)."""
     from tqdm.auto import tqdm
 
     meta = meta or {}
-    run = RunFile(out_path)
+    run = RunFile(out_path, header=header, new_run=new_run)
     pending = run.pending(requests)
     wanted = {str(r["id"]): r["id"] for r in pending}
     done = set()
@@ -394,6 +401,8 @@ class ChatClient:
                  concurrency: int = 8, max_retries: int = 6, timeout: float = 60.0, max_tokens: int | None = 512,
                  temperature: float | None = 0.0, backoff: float = 1.0, max_backoff: float = 60.0,
                  max_tokens_field: str = "max_tokens", extra_body: dict | None = None):
+        if concurrency < 1:  # no request would ever be sent: the run would wait forever
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.model, self.base_url, self.api_key_env = model, base_url, api_key_env
         self.concurrency, self.max_retries, self.timeout = concurrency, max_retries, timeout
         self.backoff, self.max_backoff = backoff, max_backoff
