@@ -55,9 +55,17 @@ def read_jsonl(path, required: Iterable[str] = ()) -> list[dict]:
     return _parse_lines(path, read_text(path).split("\n"), required)[1]
 
 
+def is_main_process() -> bool:
+    """False in every process but the first of a multi-process launch (`accelerate launch`, torchrun): under data-
+    parallel generation every process holds all results (eval/backends.py gathers them) and the first one writes."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def write_text(path, text: str) -> None:
     """Write a text file atomically (temporary file + rename): readers see the old file or the new one.
     The file gets the permissions of any newly created file (0666 less the umask), not mkstemp's 0600."""
+    if not is_main_process():
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -202,7 +210,9 @@ class RunFile:
 
     def _prepare(self) -> None:
         """The first write: start the file (header line), or repair its end, now that input is checked."""
-        if self._restart:
+        if not is_main_process():
+            pass
+        elif self._restart:
             write_text(self.path, "".join(self._header_lines()))
         elif self._cut is not None:
             with open(self.path, "r+b") as f:
@@ -217,7 +227,7 @@ class RunFile:
         for record in records:
             self._records[str(record[self.key])] = record
             lines.append(json.dumps(record, ensure_ascii=False) + "\n")
-        if not lines:
+        if not lines or not is_main_process():
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._prepare()

@@ -157,3 +157,51 @@ def test_deepspeed_two_processes_train_like_one(stage, overrides, tiny_model_dir
     assert_same_history(a, b)
     sa, sb = reloaded_state(tmp_path / "a"), reloaded_state(tmp_path / "b")
     assert max((sa[k] - sb[k]).abs().max().item() for k in sb) < TOL
+
+
+def eval_launch(config, tmp_path, *argv, port=True) -> subprocess.CompletedProcess:
+    launcher = ["--main_process_port", str(free_port())] if port else []
+    return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                           str(ROOT / "accelerate_configs" / config), *launcher, "-m", "eval", *argv],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.parametrize("benchmark", ["spy", "spatialtrust"])
+def test_data_parallel_generation_writes_the_one_process_file(benchmark, tiny_model_dir, synthetic_dir, tmp_path):
+    """`accelerate launch -m eval <benchmark> generate --backend hf` on 2 processes: each generates half, the
+    main process writes one run file, identical to the 1-process file (greedy); resumable from a torn partial file."""
+    if benchmark == "spy":
+        def argv(out):
+            return ["spy", "generate", "--items", str(synthetic_dir / "questions.json"), "--images", str(synthetic_dir),
+                    "--backend", "hf", "--model", str(tiny_model_dir), "--batch-size", "4", "--max-new-tokens", "6",
+                    "--limit", "9", "--out", str(out)]
+        outputs = ("run.jsonl",)
+    else:
+        data = tmp_path / "st"
+        from eval.spatialtrust.data import build_synthetic
+        build_synthetic(data, n_images=3, width=224, height=160)
+
+        def argv(out):
+            return ["spatialtrust", "generate", "--data", str(data / "data.jsonl"), "--mode", "staged",
+                    "--backend", "hf", "--model", str(tiny_model_dir), "--batch-size", "4", "--max-new-tokens", "6",
+                    "--out", str(out)]
+        outputs = ("run.jsonl", "run.run.jsonl")
+    one = eval_launch("cpu.yaml", tmp_path, *argv(tmp_path / "one" / "run.jsonl"), port=False)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = eval_launch("cpu_2proc.yaml", tmp_path, *argv(tmp_path / "two" / "run.jsonl"))
+    assert two.returncode == 0, two.stderr[-3000:]
+    for name in outputs:
+        assert (tmp_path / "two" / name).read_text() == (tmp_path / "one" / name).read_text(), name
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(outputs)  # nothing else, no shards
+    if benchmark == "spy":  # each process generated its half, not everything
+        assert "process 1 of 2: generated 5 of 9 requests" in two.stderr
+        assert "process 2 of 2: generated 4 of 9 requests" in two.stderr
+
+    if benchmark == "spy":  # a killed run: 4 finished lines and a torn one, resumed by 2 processes
+        lines = (tmp_path / "one" / "run.jsonl").read_text().splitlines(keepends=True)
+        partial = tmp_path / "resumed" / "run.jsonl"
+        partial.parent.mkdir()
+        partial.write_text("".join(lines[:5]) + lines[5][:20])
+        resumed = eval_launch("cpu_2proc.yaml", tmp_path, *argv(partial))
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert partial.read_text() == (tmp_path / "one" / "run.jsonl").read_text()

@@ -79,8 +79,9 @@ def cmd_generate(args) -> int:
         options.update(base_url=args.base_url, api_key_env=args.api_key_env, concurrency=args.concurrency)
     elif args.backend == "hf":
         options.update(batch_size=args.batch_size)
-    elif args.method == "malicious":
-        options.update(images_per_prompt=2)
+    else:
+        options.update(tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
+                       **({"images_per_prompt": 2} if args.method == "malicious" else {}))
     judge = None
     if args.method == "iter-cot":
         judge = _judge_client(args.judge_model, args.judge_base_url, args.judge_api_key_env, args.judge_concurrency,
@@ -268,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--limit", type=int_at_least(1), default=None)
     g.add_argument("--max-new-tokens", type=int_at_least(1), default=512)
     g.add_argument("--batch-size", type=int_at_least(1), default=8, help="hf backend")
+    g.add_argument("--tensor-parallel-size", type=int_at_least(1), default=1, help="vllm backend")
+    g.add_argument("--data-parallel-size", type=int_at_least(1), default=1, help="vllm backend: engine replicas")
     g.add_argument("--base-url", default=None, help="openai backend endpoint")
     g.add_argument("--api-key-env", default="OPENAI_API_KEY")
     g.add_argument("--concurrency", type=int_at_least(1), default=8)

@@ -69,7 +69,8 @@ def backend_options(args) -> dict:
     if args.backend == "hf":
         options.update(batch_size=args.batch_size, **pixels)
     elif args.backend == "vllm":
-        options.update(tensor_parallel_size=args.tensor_parallel_size, max_model_len=args.max_model_len, **pixels)
+        options.update(tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
+                       max_model_len=args.max_model_len, **pixels)
     else:
         options.update(base_url=args.base_url, api_key_env=args.api_key_env, concurrency=args.concurrency)
     return options
@@ -209,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-pixels", type=int_at_least(1), default=None)
     p.add_argument("--max-pixels", type=int_at_least(1), default=None)
     p.add_argument("--tensor-parallel-size", type=int_at_least(1), default=1, help="vllm backend")
+    p.add_argument("--data-parallel-size", type=int_at_least(1), default=1, help="vllm backend: engine replicas")
     p.add_argument("--max-model-len", type=int_at_least(1), default=8192, help="vllm backend")
     p.add_argument("--base-url", default=None, help="openai backend: OpenAI-compatible endpoint")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="openai backend: variable holding the key")

@@ -41,7 +41,7 @@ SUMMARY_COLUMNS = ["model", "total", "exceptions", "accuracy", "abs_accuracy", "
 BACKEND_OPTIONS = {
     "hf": ("max_new_tokens", "batch_size", "dtype", "device", "min_pixels", "max_pixels", "trust_remote_code"),
     "vllm": ("max_new_tokens", "dtype", "min_pixels", "max_pixels", "trust_remote_code", "tensor_parallel_size",
-             "max_model_len"),
+             "data_parallel_size", "max_model_len"),
     "openai": ("max_new_tokens", "base_url", "api_key_env", "concurrency", "max_retries", "timeout"),
 }
 # The options that change answers: a run file records them and a resume must use the same.
@@ -294,6 +294,7 @@ def _add_backend_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--trust-remote-code", action="store_true", default=None,
                        help="hf/vllm: run the model repository's own code (off by default)")
     group.add_argument("--tensor-parallel-size", type=int_at_least(1), help="vllm")
+    group.add_argument("--data-parallel-size", type=int_at_least(1), help="vllm: engine replicas")
     group.add_argument("--max-model-len", type=int_at_least(1), help="vllm (default 4096)")
     group.add_argument("--base-url", help="openai: the server's /v1 URL (default: the OpenAI API)")
     group.add_argument("--api-key-env", help="openai: environment variable holding the API key (OPENAI_API_KEY)")
