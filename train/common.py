@@ -8,6 +8,7 @@ import difflib
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,8 +40,11 @@ def run(main) -> None:
     try:
         main()
     except InputError as err:
-        if os.environ.get("LOCAL_RANK", "0") == "0":  # under a launcher every process fails alike: print once
-            print(f"error: {err}", file=sys.stderr)
+        # Under a multi-process launcher every process fails alike, and the launcher stops the others when the first
+        # one exits: process 0 reports at once, any other only if it is still running a moment later.
+        if int(os.environ.get("LOCAL_RANK", "0")) > 0:
+            time.sleep(10)
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -147,9 +151,12 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
 
 def _check_paths(script_args, training_args, model_args, fail) -> None:
     """A local model is a model folder; an output never overwrites an input, and its folder can be written."""
-    model = Path(model_args.model_name_or_path)
+    name = model_args.model_name_or_path
+    model = Path(name)
     if model.is_dir() and not (model / "config.json").is_file():
         fail("model_name_or_path", f"{model} is not a model folder (no config.json)")
+    if not model.exists() and (model.is_absolute() or name.startswith(".") or name.count("/") > 1):  # not a Hub id
+        fail("model_name_or_path", f"model folder not found: {model}")
     out = Path(training_args.output_dir).resolve()
     inputs = {"train_data_path": script_args.train_data_path, "eval_data_path": script_args.eval_data_path,
               "label_path": script_args.label_path, "image_folder": script_args.image_folder,
