@@ -24,35 +24,37 @@ def read_json(path):
 
 
 def read_text(path) -> str:
-    """A whole UTF-8 text file; a missing, unreadable or non-UTF-8 file raises InputError (line and byte offset)."""
+    """A whole UTF-8 text file; a missing, unreadable or non-UTF-8 file raises InputError naming the file
+    (and, for bad bytes, their byte offset)."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise InputError(path, None, None, "file not found") from None
     except IsADirectoryError:
-        raise InputError(path, None, None, "is a folder, expected a file") from None
-    except PermissionError:
-        raise InputError(path, None, None, "cannot read the file (permission denied)") from None
+        raise InputError(path, None, None, "is a folder, not a file") from None
+    except OSError as err:
+        raise InputError(path, None, None, f"cannot read ({err.strerror})") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        raise InputError(path, line, None, f"not UTF-8 text (byte 0x{data[err.start]:02x} at byte offset {err.start})"
-                         ) from None
+        raise InputError(path, line, None, f"not UTF-8 text (byte offset {err.start})") from None
 
 
-def image_problem(path) -> str | None:
-    """Why the image file at `path` cannot be used (None when it decodes): decoded in full, not only opened, so
-    truncated files and bytes that are not an image are caught before any work starts."""
+def check_image(path, where=None, field=None, source=None) -> None:
+    """Decode an image file fully (opening reads only the header), so a file that is not an image, or is
+    truncated, is bad input here rather than a failure later. Errors name `source` (the file that refers to
+    the image, with `where` / `field`) when given, else the image."""
     from PIL import Image
 
     try:
         with Image.open(path) as image:
-            image.draft("RGB", (64, 64))  # JPEG: decode every byte at 1/8 scale, several times faster
             image.load()
     except FileNotFoundError:
-        return f"image not found: {path}"
-    except Exception as err:  # PIL raises many types on malformed bytes (OSError, SyntaxError, struct.error, ...)
-        return f"not a readable image: {path} ({type(err).__name__}: {err})"
-    return None
+        message = f"image not found: {path}"
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        message = f"not a readable image: {path} ({type(err).__name__})"
+    else:
+        return
+    raise InputError(source or path, where if source else None, field if source else None, message)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from data_prep import spy
-from data_prep.errors import InputError, image_problem, read_json
+from data_prep.errors import InputError, check_image, read_json
 
 if TYPE_CHECKING:
     import datasets
@@ -69,10 +69,10 @@ def check_file(path, image_folder, label_texts: dict[str, str] | None = None) ->
         raise InputError(path, None, "data_list", "missing: expected {\"data_list\": [items]}")
     if not items:
         raise InputError(path, None, "data_list", "no items")
-    problems, images = [], {}
+    problems, decoded = [], set()
     for index, item in enumerate(items):
         try:
-            check_item(item, path, f"record {index}", label_texts, image_folder, images)
+            check_item(item, path, f"record {index}", label_texts, image_folder, decoded)
         except InputError as problem:
             problems.append(problem)
     return items, problems
@@ -98,8 +98,8 @@ def _template_problem(value) -> str | None:
     return "expected a string with one {} slot"
 
 
-def check_item(item, path, where, label_texts: dict[str, str], image_folder: Path, images: dict) -> None:
-    """Raise InputError on the first problem of one item; `images` caches the verdict on each image file."""
+def check_item(item, path, where, label_texts: dict[str, str], image_folder: Path, decoded: set[Path]) -> None:
+    """Raise InputError on the first problem of one item; `decoded` holds the images already checked."""
     def fail(field, message):
         raise InputError(path, where, field, message)
 
@@ -147,11 +147,10 @@ def check_item(item, path, where, label_texts: dict[str, str], image_folder: Pat
                 fail(f"{kind}[{n}].scenario", problem)
             if problem := _template_problem(scenario.get("2nd_person_template")):
                 fail(f"{kind}[{n}].2nd_person_template", problem)
-    image = str(image_folder / q["image_path"])
-    if image not in images:
-        images[image] = image_problem(image)
-    if images[image]:
-        fail("question_item.image_path", images[image])
+    image = image_folder / q["image_path"]
+    if image not in decoded:
+        check_image(image, where, "question_item.image_path", source=path)
+        decoded.add(image)
 
 
 def _prompts(item: dict, texts: dict[str, str], add_distractors: bool, scenario: dict | None) -> tuple[str, str]:
