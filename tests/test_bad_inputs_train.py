@@ -214,3 +214,20 @@ def test_under_accelerate_launch(quiet, tmp_path, synthetic_dir, tiny_model_dir)
     else:
         assert "CalledProcessError" in lines[-1]
     assert _hashes(tmp_path, tiny_model_dir) == before
+
+
+@pytest.mark.parametrize("recipe", sorted(ROOT.glob("recipes/**/*.yaml")), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_recipe_parses_and_passes_the_checks(recipe, monkeypatch, tmp_path):
+    from trl import ModelConfig, SFTConfig
+
+    from losses.nca_p_trainer import NCAPConfig
+    from losses.vision_dpo_trainer import VisionDPOConfig
+    from train.common import SpyTuneArguments, check_run, parse_recipe
+
+    config = {"sft": SFTConfig, "dpo": VisionDPOConfig, "nca": VisionDPOConfig, "nca_p": NCAPConfig}[recipe.stem]
+    monkeypatch.chdir(tmp_path)
+    # the GPU recipes ask for bf16 and tf32, which TrainingArguments checks against the machine
+    monkeypatch.setattr(sys, "argv", ["script.py", str(recipe), "--use_cpu", "true", "--tf32", "false"])
+    script_args, training_args, model_args = parse_recipe(SpyTuneArguments, config, ModelConfig)
+    check_run(script_args, training_args, model_args)
+    assert training_args.output_dir.startswith("outputs/")
