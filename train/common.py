@@ -7,6 +7,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -59,12 +60,13 @@ def parse_recipe(*dataclass_types):
 
     class Parser(TrlParser):
         def error(self, message):  # argparse prints its usage and exits: one line instead
-            raise InputError("command line", None, None, message)
+            option = re.match(r"argument --(\w+)", message)  # a recipe value goes through the same conversion
+            raise InputError(_source(option and option[1]), None, None, message)
 
     parser = Parser(dataclass_types, allow_abbrev=False)
     argv = sys.argv[1:]
     if argv and argv[0].endswith((".yaml", ".yml")):
-        config = _read_recipe(argv[0], {action.dest for action in parser._actions})
+        config = _read_recipe(argv[0], {action.dest: action for action in parser._actions})
         env = config.pop("env", None) or {}
         if not isinstance(env, dict):
             raise InputError(argv[0], None, "env", "expected a mapping of variable: value")
@@ -86,7 +88,10 @@ def parse_recipe(*dataclass_types):
         raise InputError(_source(), None, None, " ".join(str(err).split())) from None
 
 
-def _read_recipe(path, known: set[str]) -> dict:
+def _read_recipe(path, actions: dict) -> dict:
+    """The recipe's `key: value` pairs, each a known option; a value argparse will not convert (it converts only
+    strings, and YAML has typed the rest) is handed over as text when it is not of the option's type, so
+    `max_steps: 1.5` fails as `--max_steps 1.5` does."""
     text = read_text(path)
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -98,10 +103,29 @@ def _read_recipe(path, known: set[str]) -> dict:
     if not isinstance(config, dict):
         raise InputError(path, None, None, "expected `key: value` lines (a YAML mapping)")
     for key_node, _ in root.value:
-        if key_node.value not in known | {"env"}:
-            raise InputError(path, key_node.start_mark.line + 1, key_node.value,
-                             "unknown key" + _did_you_mean(key_node.value, known))
+        key, line = key_node.value, key_node.start_mark.line + 1
+        if key == "env":
+            continue
+        if key not in actions:
+            raise InputError(path, line, key, "unknown key" + _did_you_mean(key, actions))
+        action, value = actions[key], config[key]
+        kind = getattr(action.type, "__name__", None)
+        if value is None or action.nargs not in (None, "?") or kind not in _ACCEPTS or _ACCEPTS[kind](value):
+            continue
+        if isinstance(value, (list, dict)):
+            if kind == "str":  # options typed `dict | str` (activation_checkpointing_kwargs) take a mapping
+                continue
+            raise InputError(path, line, key, f"expected one value, got a {type(value).__name__}")
+        config[key] = str(value)
     return config
+
+
+_ACCEPTS = {  # the option type's name -> the YAML values it takes as they are
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "string_to_bool": lambda v: isinstance(v, bool),
+}
 
 
 def _did_you_mean(name: str, known, prefix: str = "") -> str:
