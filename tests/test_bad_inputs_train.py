@@ -51,6 +51,9 @@ class Case:
                 "--model_name_or_path", str(self.model), "--train_data_path", str(self.data),
                 "--image_folder", str(self.images), "--output_dir", str(self.out), *self.args]
 
+    def demo_command(self):
+        return [sys.executable, "-m", "train.demo", "--out", str(self.out), *self.args]
+
     def validate_command(self):
         return [sys.executable, "-m", "data_prep.spy_tune", "validate", str(self.data), "--images", str(self.images)]
 
@@ -150,6 +153,8 @@ CASES = [
     ("output-is-model", "train", lambda c: setattr(c, "args", ["--output_dir", str(c.model)]),
      r"command line: output_dir: is the model_name_or_path \({model}\); an output never overwrites an input"),
     ("output-under-a-file", "train", _under_file, r"command line: output_dir: {data} is a file, not a folder"),
+    ("demo-out-under-a-file", "demo", lambda c: setattr(c, "out", c.data / "demo"),
+     r"{data}/demo: --out: cannot create the folder \(Not a directory\)"),
     # the data is checked before the model loads, in every training script
     ("null-question-nca-p", "train", lambda c: (_set(c, 0, "question_item.question", None), setattr(c, "script", "nca_p"),
                                                 setattr(c, "recipe", ROOT / "recipes" / "demo" / "nca_p.yaml")),
@@ -170,7 +175,7 @@ def test_bad_input_exits_2_with_one_line(command, setup, expected, tmp_path, syn
     case = Case(tmp_path, synthetic_dir, tiny_model_dir)
     setup(case)
     before = _hashes(tmp_path, tiny_model_dir, ROOT / "recipes")
-    argv = case.validate_command() if command == "validate" else case.train_command()
+    argv = {"validate": case.validate_command, "train": case.train_command, "demo": case.demo_command}[command]()
     result = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
@@ -216,6 +221,18 @@ def test_under_accelerate_launch(quiet, tmp_path, synthetic_dir, tiny_model_dir)
     else:
         assert "CalledProcessError" in lines[-1]
     assert _hashes(tmp_path, tiny_model_dir) == before
+
+
+def test_demo_reports_a_stage_s_bad_input_in_one_line(tmp_path, synthetic_dir, tiny_model_dir):
+    out = tmp_path / "demo"
+    shutil.copytree(tiny_model_dir, out / "tiny-qwen2vl")  # built already: the demo goes straight to training
+    shutil.copytree(synthetic_dir, out / "synthetic-spy-tune")
+    result = subprocess.run([sys.executable, "-m", "train.demo", "--out", str(out), "--train-per-label", "1",
+                             "--test-per-label", "1", "--train-args", "--max_step", "1"],
+                            capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: command line: --max_step: unknown option (did you mean --max_steps?)"]
+    assert not (out / "sft" / "model.safetensors").exists()
 
 
 @pytest.mark.parametrize("recipe", sorted(ROOT.glob("recipes/**/*.yaml")), ids=lambda p: p.relative_to(ROOT).as_posix())
