@@ -51,6 +51,9 @@ class Case:
                 "--model_name_or_path", str(self.model), "--train_data_path", str(self.data),
                 "--image_folder", str(self.images), "--output_dir", str(self.out), *self.args]
 
+    def synthetic_command(self):
+        return [sys.executable, "-m", "data_prep.synthetic", "--out", str(self.out), *self.args]
+
     def demo_command(self):
         return [sys.executable, "-m", "train.demo", "--out", str(self.out), *self.args]
 
@@ -153,6 +156,10 @@ CASES = [
     ("output-is-model", "train", lambda c: setattr(c, "args", ["--output_dir", str(c.model)]),
      r"command line: output_dir: is the model_name_or_path \({model}\); an output never overwrites an input"),
     ("output-under-a-file", "train", _under_file, r"command line: output_dir: {data} is a file, not a folder"),
+    ("synthetic-out-under-a-file", "synthetic", lambda c: setattr(c, "out", c.data / "synthetic"),
+     r"{data}/synthetic: --out: cannot create the folder \(Not a directory\)"),
+    ("synthetic-zero-items", "synthetic", lambda c: setattr(c, "args", ["--train-per-label", "0"]),
+     r"command line: --train-per-label: must be at least 1, got 0"),
     ("demo-out-under-a-file", "demo", lambda c: setattr(c, "out", c.data / "demo"),
      r"{data}/demo: --out: cannot create the folder \(Not a directory\)"),
     # the data is checked before the model loads, in every training script
@@ -175,7 +182,7 @@ def test_bad_input_exits_2_with_one_line(command, setup, expected, tmp_path, syn
     case = Case(tmp_path, synthetic_dir, tiny_model_dir)
     setup(case)
     before = _hashes(tmp_path, tiny_model_dir, ROOT / "recipes")
-    argv = {"validate": case.validate_command, "train": case.train_command, "demo": case.demo_command}[command]()
+    argv = getattr(case, f"{command}_command")()
     result = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
