@@ -54,6 +54,9 @@ class Case:
     def synthetic_command(self):
         return [sys.executable, "-m", "data_prep.synthetic", "--out", str(self.out), *self.args]
 
+    def tiny_model_command(self):
+        return [sys.executable, "-m", "train.tiny_model", str(self.out), *self.args]
+
     def demo_command(self):
         return [sys.executable, "-m", "train.demo", "--out", str(self.out), *self.args]
 
@@ -160,6 +163,8 @@ CASES = [
      r"{data}/synthetic: --out: cannot create the folder \(Not a directory\)"),
     ("synthetic-zero-items", "synthetic", lambda c: setattr(c, "args", ["--train-per-label", "0"]),
      r"command line: --train-per-label: must be at least 1, got 0"),
+    ("tiny-model-out-under-a-file", "tiny_model", lambda c: setattr(c, "out", c.data / "model"),
+     r"{data}/model: out_dir: cannot create the folder \(Not a directory\)"),
     ("demo-out-under-a-file", "demo", lambda c: setattr(c, "out", c.data / "demo"),
      r"{data}/demo: --out: cannot create the folder \(Not a directory\)"),
     # the data is checked before the model loads, in every training script
