@@ -2,7 +2,8 @@
 field), before any work, and no file that existed before has changed (sha256 of every file, before and after).
 
 Cases run the entry scripts as a user does (`python train/sft.py RECIPE ...`, `python -m data_prep.spy_tune
-validate ...`); two more run under the real `accelerate launch`.
+validate ...`, the synthetic data, tiny model and demo commands); more run under the real `accelerate launch`
+and through the demo, and every recipe is parsed with the strict parser.
 """
 
 import hashlib
@@ -64,6 +65,9 @@ class Case:
         return [sys.executable, "-m", "data_prep.spy_tune", "validate", str(self.data), "--images", str(self.images)]
 
 
+_DELETE = object()
+
+
 def _set(case, index, dotted, value):
     *parents, last = dotted.split(".")
     target = case.items[index]
@@ -74,9 +78,6 @@ def _set(case, index, dotted, value):
     else:
         target[last] = value
     case.write_items()
-
-
-_DELETE = object()
 
 
 def _bad_json(case):
