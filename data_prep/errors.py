@@ -52,9 +52,11 @@ def check_image(path, where=None, field=None, source=None) -> None:
         with Image.open(path) as image:
             image.load()
     except FileNotFoundError:
-        message = f"image not found: {path}"
+        problem = "image not found"
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        message = f"not a readable image: {path} ({type(err).__name__})"
+        problem = f"not a readable image ({type(err).__name__})"
     else:
         return
-    raise InputError(source or path, where if source else None, field if source else None, message)
+    if source is None:
+        raise InputError(path, None, None, problem)
+    raise InputError(source, where, field, f"{problem}: {path}")

@@ -139,9 +139,9 @@ CASES = [
     ("missing-image", "validate", lambda c: c.image(1).unlink(),
      r"{data}:record 1: question_item\.image_path: image not found: {images}/images/train/\S+\.png"),
     ("corrupt-image", "validate", _corrupt_image,
-     r"{data}:record 1: question_item\.image_path: not a readable image: {images}/\S+\.png \(UnidentifiedImageError\)"),
+     r"{data}:record 1: question_item\.image_path: not a readable image \(UnidentifiedImageError\): {images}/\S+\.png"),
     ("truncated-image", "validate", _truncated_image,
-     r"{data}:record 0: question_item\.image_path: not a readable image: {images}/\S+\.png \(OSError\)"),
+     r"{data}:record 0: question_item\.image_path: not a readable image \(OSError\): {images}/\S+\.png"),
     # recipes and options, through the training scripts
     ("missing-recipe", "train", lambda c: setattr(c, "recipe", c.root / "nope.yaml"), r"{root}/nope\.yaml: file not found"),
     ("unknown-recipe-key", "train", _recipe_key,
@@ -174,7 +174,7 @@ CASES = [
      r"{data}:record 0: question_item\.question: expected a non-empty string, got null"),
     ("corrupt-image-dpo", "train", lambda c: (_corrupt_image(c), setattr(c, "script", "dpo"),
                                               setattr(c, "recipe", ROOT / "recipes" / "demo" / "dpo.yaml")),
-     r"{data}:record 1: question_item\.image_path: not a readable image: .*"),
+     r"{data}:record 1: question_item\.image_path: not a readable image \(UnidentifiedImageError\): .*"),
 ]
 
 
