@@ -15,6 +15,23 @@ class InputError(ValueError):
         super().__init__(f"{location}: {field}: {message}" if field else f"{location}: {message}")
 
 
+def unwritable(path, is_folder: bool = False) -> str | None:
+    """Why `path` (an output file, or an output folder) cannot be created or written, or None if it can."""
+    import os
+
+    path = Path(path)
+    parent = path if is_folder else path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot be created: {parent} is a file, not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be written: no write permission in {parent}"
+    if not is_folder and path.is_file() and not os.access(path, os.W_OK):
+        return "cannot be written: the file is read-only"
+    return None
+
+
 def read_json(path):
     """A whole JSON file; a missing file or bad JSON raises InputError naming the file (and the line)."""
     try:

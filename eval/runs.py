@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from data_prep.errors import InputError, read_text
+from data_prep.errors import InputError, read_text, unwritable
 
 HEADER = "run_header"  # the first line of a run file, `{"run_header": {...}}`: what made the run
 
@@ -267,15 +267,9 @@ def check_outputs(inputs: Iterable, outputs: Iterable, folders: Iterable = ()) -
             raise InputError(path, None, None, "is a file; the output here is a folder")
         if not is_folder and path.is_dir():
             raise InputError(path, None, None, "is a folder; the output here is a file")
-        parent = path if is_folder else path.parent
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
-        if not parent.is_dir():
-            raise InputError(path, None, None, f"cannot be created: {parent} is a file, not a folder")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise InputError(path, None, None, f"cannot be written: no write permission in {parent}")
-        if path.is_file() and not os.access(path, os.W_OK):
-            raise InputError(path, None, None, "cannot be written: the file is read-only")
+        problem = unwritable(path, is_folder)
+        if problem:
+            raise InputError(path, None, None, problem)
 
 
 def int_at_least(minimum: int):

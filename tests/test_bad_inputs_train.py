@@ -159,7 +159,7 @@ CASES = [
      r"command line: output_dir: is the image_folder \({images}\); an output never overwrites an input"),
     ("output-is-model", "train", lambda c: setattr(c, "args", ["--output_dir", str(c.model)]),
      r"command line: output_dir: is the model_name_or_path \({model}\); an output never overwrites an input"),
-    ("output-under-a-file", "train", _under_file, r"command line: output_dir: {data} is a file, not a folder"),
+    ("output-under-a-file", "train", _under_file, r"command line: output_dir: \S+ cannot be created: {data} is a file, not a folder"),
     ("synthetic-out-under-a-file", "synthetic", lambda c: setattr(c, "out", c.data / "synthetic"),
      r"{data}/synthetic: --out: cannot create the folder \(Not a directory\)"),
     ("synthetic-zero-items", "synthetic", lambda c: setattr(c, "args", ["--train-per-label", "0"]),

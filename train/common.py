@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from data_prep.errors import InputError, read_text
+from data_prep.errors import InputError, read_text, unwritable
 
 METHOD_NAMES = {"sft": "SFT", "dpo": "DPO", "nca": "NCA", "nca_p": "NCA-P"}
 
@@ -188,11 +188,9 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
     for name, value in inputs.items():
         if value and Path(value).resolve() == out:
             fail("output_dir", f"is the {name} ({value}); an output never overwrites an input")
-    existing = next(path for path in (out, *out.parents) if path.exists())
-    if not existing.is_dir():
-        fail("output_dir", f"{existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        fail("output_dir", f"cannot write in {existing}")
+    problem = unwritable(out, is_folder=True)
+    if problem:
+        fail("output_dir", f"{out} {problem}")
     resume = resume_checkpoint(training_args)
     if resume is True and not any(out.glob("checkpoint-*")):
         fail("resume_from_checkpoint", f"no checkpoint-* folder in {out} to resume from")
