@@ -15,6 +15,22 @@ class InputError(ValueError):
         super().__init__(f"{location}: {field}: {message}" if field else f"{location}: {message}")
 
 
+def new_file_mode() -> int:
+    """The mode of a newly created file (0666 less the umask): what outputs get, not mkstemp's 0600."""
+    import os
+
+    try:  # Linux says it without changing it (setting it, even back, races with other threads)
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def unwritable(path, is_folder: bool = False) -> str | None:
     """Why `path` (an output file, or an output folder) cannot be created or written, or None if it can."""
     import os

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from data_prep.errors import InputError, read_text, unwritable
+from data_prep.errors import InputError, new_file_mode, read_text, unwritable
 
 HEADER = "run_header"  # the first line of a run file, `{"run_header": {...}}`: what made the run
 
@@ -70,7 +70,7 @@ def write_text(path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, new_file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -79,19 +79,6 @@ def write_text(path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _umask() -> int:
-    try:  # Linux says it without changing it (setting it, even back, races with other threads)
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o077)
-    os.umask(mask)
-    return mask
 
 
 def write_json(path, obj) -> None:

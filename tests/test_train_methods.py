@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from data_prep.errors import new_file_mode
 from train.common import METHOD_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +57,9 @@ def test_method_trains_and_saves(script, recipe, method, tiny_model_dir, synthet
     assert changed_fraction(before, after) > 0.9  # every trained tensor moved (a few buffers may not)
     Qwen2VLForConditionalGeneration.from_pretrained(out)
     AutoProcessor.from_pretrained(out)
+    # readable by colleagues: the user's umask, not safetensors' 0600, for the final folder and checkpoints
+    for weights in (out / "model.safetensors", out / "checkpoint-2" / "model.safetensors"):
+        assert weights.stat().st_mode & 0o777 == new_file_mode()
     card = (out / "README.md").read_text()
     assert f"base_model: {tiny_model_dir}" in card and f"**{METHOD_NAMES[method]}**" in card
     if method != "sft":
