@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from eval.report import markdown_table
     from eval.runs import write_json, write_text
-    from train.common import add_card_evaluation
+    from train.card import add_card_evaluation
 
     checkpoints = {"base": model_dir, "sft": out / "sft", "nca_p": out / "nca_p"}
     results = {stage: evaluate(stage, checkpoints[stage], data_dir, out / "eval", args, log) for stage in STAGES}
