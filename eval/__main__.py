@@ -18,6 +18,7 @@ COMMANDS = {
     "composite": "eval.general.composite",
     "geo": "eval.geoprivacy.cli",
     "spatialtrust": "eval.spatialtrust.cli",
+    "suite": "eval.suite",
 }
 
 

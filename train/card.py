@@ -230,9 +230,8 @@ class CardCallback(TrainerCallback):
                 wandb.run.tags = tuple(sorted({*(wandb.run.tags or ()), self.method}))
 
     def on_push_begin(self, args, state, control, **kwargs):
-        # hub_strategy checkpoint: the Trainer uploads output_dir next; it must carry our card
-        if state.is_world_process_zero:
-            self.write(args.output_dir, state)
+        # hub_strategy checkpoint: the Trainer uploads output_dir and the new checkpoint next; both carry our card
+        self.on_save(args, state, control)
 
     def on_save(self, args, state, control, **kwargs):
         # TRL wrote its card into output_dir before saving the checkpoint; ours replaces it in both

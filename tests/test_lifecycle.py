@@ -1,0 +1,157 @@
+"""From a trained checkpoint to a published model: one push with our card (against a local Hub stand-in),
+the card's content, LoRA adapters that load from anywhere and merge, and trying the model with train.chat."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hub_server import HubServer
+from huggingface_hub import ModelCard
+
+ROOT = Path(__file__).resolve().parents[1]
+OFFLINE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def hub_env(hub, tmp_path) -> dict:
+    """The test's environment with the Hub at the stand-in: the offline switches unset, a fresh HF cache."""
+    env = {k: v for k, v in os.environ.items() if k not in OFFLINE}
+    return {**env, "HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_stand_in", "HF_HOME": str(tmp_path / "hf-home")}
+
+
+def train(script, recipe, tiny_model_dir, synthetic_dir, out, *overrides, env=None):
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs/cpu.yaml"),
+        str(ROOT / "train" / f"{script}.py"), str(ROOT / "recipes" / "demo" / f"{recipe}.yaml"),
+        "--model_name_or_path", str(tiny_model_dir), "--train_data_path", str(synthetic_dir / "train_data.json"),
+        "--image_folder", str(synthetic_dir), "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1",
+        "--per_device_train_batch_size", "2", "--save_steps", "2", "--save_total_limit", "null", *overrides,
+    ]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def assert_our_card(text: str, method_tag: str = "nca-p"):
+    card = ModelCard(text)
+    assert "privacy-align" in card.data.tags and method_tag in card.data.tags and "qwen2_vl" in card.data.tags
+    assert "fine-tuned version of" not in text and "## Usage" in text and "## Citation" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["every_save", "checkpoint"])
+def test_push_to_hub_uploads_once_with_our_card(strategy, tiny_model_dir, synthetic_dir, tmp_path):
+    """The Trainer's default (every_save) would commit the full weights at each save and at "Model save", each
+    with TRL's card. A run pushes once; hub_strategy checkpoint adds the checkpoint pushes, with our card too."""
+    out = tmp_path / "run"
+    with HubServer() as hub:
+        train("nca_p", "nca_p", tiny_model_dir, synthetic_dir, out, "--push_to_hub", "true",
+              "--hub_model_id", "me/tiny-nca-p", "--hub_strategy", strategy, env=hub_env(hub, tmp_path))
+    messages = [c["message"] for c in hub.commits]
+    assert messages[-1] == "privacy-align: final model"
+    if strategy == "every_save":
+        assert messages == ["privacy-align: final model"]
+    else:
+        assert messages[:-1] and all(m.startswith("Training in progress") for m in messages[:-1])
+    for commit in hub.commits:
+        cards = [text for path, text in commit["files"].items() if path.endswith("README.md")]
+        assert cards and all(assert_our_card(text.decode()) is None for text in cards)
+    final = hub.commits[-1]["files"]
+    assert final["model.safetensors"] == (out / "model.safetensors").read_bytes()
+    assert "training_args.bin" not in final and not any(p.startswith("checkpoint-") for p in final)
+    assert hub.validated  # the card went through the stand-in's metadata check
+    # our card, not TRL's, in the run folder and in every checkpoint
+    for folder in (out, out / "checkpoint-2", out / "checkpoint-3"):
+        assert_our_card((folder / "README.md").read_text())
+
+
+def test_card_content(tiny_model_dir, tmp_path):
+    """The card built from a run's arguments: Hub base id from a local snapshot, tags from the model type,
+    the key recipe values only, reward metrics, versions, and model-index from evaluation results."""
+    from huggingface_hub import EvalResult
+    from trl import ModelConfig
+
+    from losses.nca_p_trainer import NCAPConfig
+    from train.card import build_card, hub_id
+    from train.common import SpyTuneArguments
+
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen2.5-VL-7B-Instruct" / "snapshots" / "abc123"
+    shutil.copytree(tiny_model_dir, snapshot)
+    config = json.loads((snapshot / "config.json").read_text())
+    assert hub_id(str(snapshot)) == "Qwen/Qwen2.5-VL-7B-Instruct" and hub_id("Qwen/Qwen2-VL-7B-Instruct")
+    assert hub_id(str(tiny_model_dir)) is None
+    folder = tmp_path / "out"
+    folder.mkdir()
+    script = SpyTuneArguments(train_data_path="d.json", image_folder="imgs", dataset_name="SPY-Tune")
+    training = NCAPConfig(output_dir=str(folder), beta=0.25, learning_rate=2e-6, hub_model_id="me/qwen-spy-nca-p",
+                          report_to=[], bf16=False)
+    model = ModelConfig(model_name_or_path=str(snapshot), use_peft=True, lora_r=8, lora_target_modules=["q_proj"])
+    history = [{"loss": 1.0, "rewards/margins": 0.5, "step": 1}, {"train_runtime": 3.0, "step": 1}]
+    results = [EvalResult(task_type="image-text-to-text", dataset_type="spy-bench", dataset_name="SPY-Bench",
+                          metric_type="ics", metric_name="ICS", metric_value=71.5)]
+    card = build_card(folder, "nca_p", str(snapshot), script, training, model, history, results,
+                      model_type="qwen2_5_vl")
+    text = str(card)
+    assert card.data.base_model == "Qwen/Qwen2.5-VL-7B-Instruct" and card.data.library_name == "peft"
+    assert {"qwen2_5_vl", "nca-p", "lora"} <= set(card.data.tags) and "qwen2-vl" not in card.data.tags
+    assert card.data.license == "apache-2.0" and card.data.datasets == ["SPY-Tune"]
+    assert text.splitlines()[text.splitlines().index("---", 1) + 2].startswith("# qwen-spy-nca-p: NCA-P")
+    assert "beta: 0.25" in text and "lora_r: 8" in text and "rewards/margins | 0.5" in text
+    assert "AcceleratorConfig" not in text and "train_runtime" not in text and "hub_token" not in text
+    assert "transformers: " in text and "@inproceedings{nca2024" in text
+    assert "model-index" in text and card.data.eval_results[0].metric_value == 71.5
+    assert config["model_type"] == "qwen2_vl"  # the tiny model; the tag came from model_type given above
+
+
+def test_chat_answers_on_the_tiny_model(tiny_model_dir, synthetic_dir):
+    image = next((synthetic_dir / "images").rglob("*.png"))
+    command = [sys.executable, "-m", "train.chat", "--model", str(tiny_model_dir), "--image", str(image),
+               "--instruction", "Do not reveal anyone's identity.", "--question", "Who is this?",
+               "--max-new-tokens", "5"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    from train.chat import answer
+
+    assert result.stdout.rstrip("\n") == answer(str(tiny_model_dir), str(image), "Do not reveal anyone's identity.",
+                                                "Who is this?", 5)
+    missing = subprocess.run([*command[:6], "no-such.jpg", *command[7:]], cwd=ROOT, capture_output=True, text=True)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no-such.jpg" in missing.stderr
+
+
+@pytest.mark.slow
+def test_lora_adapter_loads_from_anywhere_and_merges(tiny_model_dir, synthetic_dir, tmp_path):
+    """Trained from a relative base path, the adapter records it absolute, its card says peft, it loads from
+    another folder, and merge_lora writes a full model that answers like base + adapter."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    link = tmp_path / "base"
+    link.symlink_to(tiny_model_dir)
+    out = tmp_path / "lora"
+    train("nca_p", "nca_p", os.path.relpath(link, ROOT), synthetic_dir, out, "--use_peft", "true", "--lora_r", "4",
+          "--lora_target_modules", "q_proj", "v_proj")
+    adapter_config = json.loads((out / "adapter_config.json").read_text())
+    assert Path(adapter_config["base_model_name_or_path"]).is_absolute()
+    card = ModelCard.load(out / "README.md")
+    assert card.data.library_name == "peft" and "lora" in card.data.tags
+    moved = tmp_path / "elsewhere" / "adapter"
+    shutil.copytree(out, moved, ignore=shutil.ignore_patterns("checkpoint-*"))
+    merged_dir = tmp_path / "merged"
+    result = subprocess.run([sys.executable, "-m", "train.merge_lora", str(moved), "--out", str(merged_dir)],
+                            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    merged = AutoModelForImageTextToText.from_pretrained(merged_dir)
+    assert not any("lora_" in name for name, _ in merged.named_parameters())
+    merged_card = ModelCard.load(merged_dir / "README.md")
+    assert merged_card.data.library_name == "transformers" and "lora" not in merged_card.data.tags
+    with_adapter = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(tiny_model_dir), moved)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=ids).logits, with_adapter(input_ids=ids).logits, atol=1e-4)
+    again = subprocess.run([sys.executable, "-m", "train.merge_lora", str(moved), "--out", str(merged_dir)],
+                           cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert again.returncode == 2 and "not empty" in again.stderr
