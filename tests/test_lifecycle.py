@@ -155,3 +155,73 @@ def test_lora_adapter_loads_from_anywhere_and_merges(tiny_model_dir, synthetic_d
     again = subprocess.run([sys.executable, "-m", "train.merge_lora", str(moved), "--out", str(merged_dir)],
                            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert again.returncode == 2 and "not empty" in again.stderr
+
+
+SUITE = """name: test
+backend: hf
+backend_options: {batch_size: 20, max_new_tokens: 4, device: cpu}
+judge: rule
+sections:
+  spy: {items: spy/questions.json, images: spy, limit: 20}
+  spatialtrust: {data: spatialtrust/data.jsonl, synthetic_images: 3, modes: [one-pass]}
+"""
+
+
+def run_suite(*args, env=None):
+    result = subprocess.run([sys.executable, "-m", "eval", "suite", *map(str, args)], cwd=ROOT, capture_output=True,
+                            text=True, env=env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow
+def test_suite_evaluates_resumes_and_pushes_model_index(tiny_model_dir, synthetic_dir, tmp_path):
+    """One command: SPY-Bench (both settings) and SpatialTrust into results.json, report.md and the PNG; again:
+    nothing regenerated (the model is not even loaded), the same results; --push-to-hub writes model-index into
+    the repo's card on the Hub stand-in, keeping the card; --wandb logs the metrics (offline run)."""
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "spy").symlink_to(synthetic_dir)
+    config = tmp_path / "suite.yaml"
+    config.write_text(SUITE)
+    out = tmp_path / "suite"
+    first = run_suite("--config", config, "--root", root, "--model", tiny_model_dir, "--out", out)
+    results = json.loads((out / "results.json").read_text())
+    spy = {(r["setting"], r["metric"]): r for r in results["headline"] if r["benchmark"] == "SPY-Bench"}
+    for setting in ("without distractors", "with distractors"):
+        for metric in ("ICS", "HMS", "RtA", "AtA"):
+            assert isinstance(spy[setting, metric]["value"], float) and spy[setting, metric]["n"] == 20
+    overall = [r for r in results["headline"] if r["benchmark"] == "SpatialTrust" and r["metric"] == "overall"]
+    assert len(overall) == 1 and overall[0]["n"] == 3
+    assert (out / "report.png").stat().st_size > 5_000 and "| SPY-Bench | with distractors | ICS |" in (
+        out / "report.md").read_text()
+    assert "loading" in first.stdout
+
+    with HubServer() as hub:
+        env = {**hub_env(hub, tmp_path), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
+        card_dir = tmp_path / "card"
+        shutil.copytree(tiny_model_dir, card_dir)
+        (card_dir / "README.md").write_text("---\nlicense: apache-2.0\n---\n\n# my model\n")
+        subprocess.run([sys.executable, "-c", "import sys; from train.card import publish; "
+                        "publish(sys.argv[1], 'me/tiny')", str(card_dir)], cwd=ROOT, env=env, check=True)
+        again = run_suite("--config", config, "--root", root, "--model", tiny_model_dir, "--out", out,
+                          "--push-to-hub", "me/tiny", "--wandb", "--wandb-project", "suite-test", env=env)
+    assert "loading" not in again.stdout
+    assert json.loads((out / "results.json").read_text()) == results
+    assert [c["message"] for c in hub.commits][-1].startswith("privacy-align: evaluation results")
+    card = ModelCard(hub.files("me/tiny")["README.md"].decode())
+    assert card.data.license == "apache-2.0" and "# my model" in card.text
+    ics = [r for r in card.data.eval_results if r.metric_type == "ics"]
+    assert len(ics) == 2 and {r.metric_value for r in ics} == {spy[s, "ICS"]["value"] for s in
+                                                               ("without distractors", "with distractors")}
+    logged = b"".join(p.read_bytes() for p in (tmp_path / "wandb").rglob("*.wandb"))
+    assert b"eval/SPY-Bench/with distractors/ICS" in logged
+
+
+def test_suite_refuses_bad_config(tmp_path):
+    config = tmp_path / "suite.yaml"
+    config.write_text(SUITE.replace("spatialtrust:", "spatial_trust:"))
+    result = subprocess.run([sys.executable, "-m", "eval", "suite", "--config", str(config), "--model", "m",
+                             "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "sections.spatial_trust" in result.stderr
+    assert not (tmp_path / "out").exists()
