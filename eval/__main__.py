@@ -19,6 +19,7 @@ COMMANDS = {
     "geo": "eval.geoprivacy.cli",
     "spatialtrust": "eval.spatialtrust.cli",
     "suite": "eval.suite",
+    "compare": "eval.compare",
 }
 
 
