@@ -45,8 +45,18 @@ TOP_KEYS = {"name", "root", "backend", "backend_options", "judge", "sections", "
 
 
 # ----------------------------------------------------------------------------------------------- config
-def load_config(path, root: str | None = None) -> dict:
-    """The suite YAML, validated (unknown keys and sections, missing files are refused before anything runs)."""
+def _merge(base: dict, extra: dict) -> dict:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def load_config(path, root: str | None = None, overrides: dict | None = None) -> dict:
+    """The suite YAML, validated (unknown keys and sections, missing files are refused before anything runs).
+    `overrides` is merged into it first (the demo's sample limit and batch size)."""
     import yaml
 
     from data_prep.errors import read_text
@@ -59,6 +69,7 @@ def load_config(path, root: str | None = None) -> dict:
         raise InputError(path, None, None, f"not YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(config, dict):
         raise InputError(path, None, None, "expected a mapping (name, backend, judge, sections)")
+    _merge(config, overrides or {})
     for key in config:
         if key not in TOP_KEYS:
             raise InputError(path, None, key, f"unknown key; expected one of {', '.join(sorted(TOP_KEYS))}")
@@ -259,8 +270,8 @@ def log_wandb(project: str, name: str, rows: list[dict], settings: dict) -> None
 
 
 def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub: str | None = None,
-              wandb: bool = False, wandb_project: str | None = None) -> dict:
-    config = load_config(config_path, root)
+              wandb: bool = False, wandb_project: str | None = None, overrides: dict | None = None) -> dict:
+    config = load_config(config_path, root, overrides)
     out = Path(out)
     settings = settings_of(config, model)
     previous = out / "suite_settings.json"
