@@ -41,15 +41,7 @@ def assert_our_card(text: str, method_tag: str = "nca-p"):
     assert "fine-tuned version of" not in text and "## Usage" in text and "## Citation" in text
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["every_save", "checkpoint"])
-def test_push_to_hub_uploads_once_with_our_card(strategy, tiny_model_dir, synthetic_dir, tmp_path):
-    """The Trainer's default (every_save) would commit the full weights at each save and at "Model save", each
-    with TRL's card. A run pushes once; hub_strategy checkpoint adds the checkpoint pushes, with our card too."""
-    out = tmp_path / "run"
-    with HubServer() as hub:
-        train("nca_p", "nca_p", tiny_model_dir, synthetic_dir, out, "--push_to_hub", "true",
-              "--hub_model_id", "me/tiny-nca-p", "--hub_strategy", strategy, env=hub_env(hub, tmp_path))
+def check_commits(hub, out, strategy):
     messages = [c["message"] for c in hub.commits]
     assert messages[-1] == "privacy-align: final model"
     if strategy == "every_save":
@@ -60,12 +52,24 @@ def test_push_to_hub_uploads_once_with_our_card(strategy, tiny_model_dir, synthe
         cards = [text for path, text in commit["files"].items() if path.endswith("README.md")]
         assert cards and all(assert_our_card(text.decode()) is None for text in cards)
     final = hub.commits[-1]["files"]
-    assert final["model.safetensors"] == (out / "model.safetensors").read_bytes()
+    weights = "adapter_model.safetensors" if (out / "adapter_config.json").exists() else "model.safetensors"
+    assert final[weights] == (out / weights).read_bytes()
     assert "training_args.bin" not in final and not any(p.startswith("checkpoint-") for p in final)
     assert hub.validated  # the card went through the stand-in's metadata check
     # our card, not TRL's, in the run folder and in every checkpoint
     for folder in (out, out / "checkpoint-2", out / "checkpoint-3"):
         assert_our_card((folder / "README.md").read_text())
+
+
+@pytest.mark.slow
+def test_push_to_hub_checkpoint_strategy(tiny_model_dir, synthetic_dir, tmp_path):
+    """hub_strategy checkpoint: the Trainer's checkpoint pushes, then our one final publish; every pushed card
+    is ours. (The default, one commit, is tested with the LoRA run below.)"""
+    out = tmp_path / "run"
+    with HubServer() as hub:
+        train("nca_p", "nca_p", tiny_model_dir, synthetic_dir, out, "--push_to_hub", "true",
+              "--hub_model_id", "me/tiny-nca-p", "--hub_strategy", "checkpoint", env=hub_env(hub, tmp_path))
+    check_commits(hub, out, "checkpoint")
 
 
 def test_card_content(tiny_model_dir, tmp_path):
@@ -123,7 +127,8 @@ def test_chat_answers_on_the_tiny_model(tiny_model_dir, synthetic_dir):
 
 @pytest.mark.slow
 def test_lora_adapter_loads_from_anywhere_and_merges(tiny_model_dir, synthetic_dir, tmp_path):
-    """Trained from a relative base path, the adapter records it absolute, its card says peft, it loads from
+    """Pushed with the defaults (hub_strategy every_save), the run makes one commit: the adapter and our card.
+    Trained from a relative base path, the adapter records it absolute, its card says peft, it loads from
     another folder, and merge_lora writes a full model that answers like base + adapter."""
     import torch
     from peft import PeftModel
@@ -132,8 +137,11 @@ def test_lora_adapter_loads_from_anywhere_and_merges(tiny_model_dir, synthetic_d
     link = tmp_path / "base"
     link.symlink_to(tiny_model_dir)
     out = tmp_path / "lora"
-    train("nca_p", "nca_p", os.path.relpath(link, ROOT), synthetic_dir, out, "--use_peft", "true", "--lora_r", "4",
-          "--lora_target_modules", "q_proj", "v_proj")
+    with HubServer() as hub:
+        train("nca_p", "nca_p", os.path.relpath(link, ROOT), synthetic_dir, out, "--use_peft", "true", "--lora_r", "4",
+              "--lora_target_modules", "q_proj", "v_proj", "--push_to_hub", "true", "--hub_model_id", "me/tiny-lora",
+              env=hub_env(hub, tmp_path))
+    check_commits(hub, out, "every_save")
     adapter_config = json.loads((out / "adapter_config.json").read_text())
     assert Path(adapter_config["base_model_name_or_path"]).is_absolute()
     card = ModelCard.load(out / "README.md")
