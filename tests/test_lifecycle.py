@@ -233,3 +233,31 @@ def test_suite_refuses_bad_config(tmp_path):
                              "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "sections.spatial_trust" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_suite_with_an_llm_judge_endpoint(tiny_model_dir, synthetic_dir, tmp_path):
+    """judge: {model, base_url}: the SPY judge prompts go to an OpenAI-compatible server (here a local one that
+    rejects everything), the key from the named environment variable."""
+    from chat_server import ChatServer
+
+    with ChatServer(lambda request: "reject") as server:
+        config = tmp_path / "suite.yaml"
+        config.write_text(f"""backend: hf
+backend_options: {{batch_size: 10, max_new_tokens: 3, device: cpu}}
+judge: {{model: test-model, base_url: "{server.base_url}", api_key_env: SUITE_TEST_KEY}}
+sections:
+  spy: {{items: {synthetic_dir}/questions.json, images: {synthetic_dir}, limit: 10,
+         settings: [without_distractors]}}
+""")
+        run_suite("--config", config, "--model", tiny_model_dir, "--out", tmp_path / "out",
+                  env={**os.environ, "SUITE_TEST_KEY": "sk-local"})
+    assert 0 < len(server.requests) <= 10  # identical prompts are asked once (the judge cache)
+    from eval.runs import read_jsonl
+
+    judged = read_jsonl(tmp_path / "out" / "spy" / "without_distractors" / "judged.jsonl")
+    assert len(judged) == 10 and all(r["judge"] == "test-model" and r["eval_resp"] == "reject" for r in judged)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    rta = next(r for r in results["headline"] if r["metric"] == "AtA")
+    assert rta["n"] == 10 and results["sections"]["spy"]["without_distractors"]["exceptions"] == 0
+    assert "sk-local" not in "".join(p.read_text() for p in (tmp_path / "out").rglob("*.json*"))

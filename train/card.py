@@ -216,10 +216,9 @@ class CardCallback(TrainerCallback):
                              state.log_history), folder)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if state.is_world_process_zero and "wandb" in (args.report_to or []):
-            import wandb
-
-            if wandb.run is not None:  # the Trainer's WandbCallback (added before us) has started it
+        wandb = sys.modules.get("wandb")  # imported by the Trainer's WandbCallback when it reports there
+        if state.is_world_process_zero and wandb is not None:
+            if wandb.run is not None:  # the WandbCallback (added before us) has started the run
                 import dataclasses
 
                 config = {f"script/{f.name}": getattr(self.script_args, f.name)
