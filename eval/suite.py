@@ -18,6 +18,7 @@ model. `--push-to-hub` writes the headline metrics into the repo's card as model
     sections:
       spy: {items: .../questions.json, images: DIR, settings: [without_distractors, with_distractors]}
       spatialtrust: {data: .../data.jsonl, modes: [one-pass, guard], synthetic_images: 8}
+      general: {benchmarks: [mmmu, ocrbench, mme], datasets: {mmmu: local copy or Hub id}}   (+ the SPY composite)
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ SPATIAL_MODES = ("one-pass", "staged", "guard")
 SECTION_KEYS = {
     "spy": {"items", "images", "settings", "limit"},
     "spatialtrust": {"data", "image_root", "modes", "limit", "retries", "box_scale", "synthetic_images"},
+    "general": {"benchmarks", "datasets", "limit", "mmmu_splits"},
 }
+GENERAL = ("mmmu", "ocrbench", "mme")
 TOP_KEYS = {"name", "root", "backend", "backend_options", "judge", "sections", "wandb_project"}
 
 
@@ -121,6 +124,19 @@ def load_config(path, root: str | None = None, overrides: dict | None = None) ->
         bad = [m for m in spatial["modes"] if m not in SPATIAL_MODES]
         if bad:
             raise InputError(path, None, "sections.spatialtrust.modes", f"{bad[0]!r}: choose from {SPATIAL_MODES}")
+    general = sections.get("general")
+    if general is not None:
+        general.setdefault("benchmarks", list(GENERAL))
+        bad = [b for b in general["benchmarks"] if b not in GENERAL]
+        if bad:
+            raise InputError(path, None, "sections.general.benchmarks", f"{bad[0]!r}: choose from {', '.join(GENERAL)}")
+        datasets = general.setdefault("datasets", {})
+        if not isinstance(datasets, dict) or any(k not in GENERAL for k in datasets):
+            raise InputError(path, None, "sections.general.datasets", f"a mapping from {', '.join(GENERAL)} to a "
+                             "local copy (save_to_disk folder or parquet) or a Hub id")
+        for name, source in datasets.items():  # a relative path that exists under root is local, else a Hub id
+            if (base / source).exists():
+                datasets[name] = resolve(source)
     return {**config, "backend": config.get("backend", "hf"), "backend_options": config.get("backend_options") or {},
             "judge": judge, "sections": sections}
 
@@ -209,6 +225,70 @@ def run_spatialtrust(section: dict, judge, model: Model, out: Path) -> dict:
     return results
 
 
+def run_general(section: dict, model: Model, out: Path) -> dict:
+    """MMMU / OCRBench / MME through eval.general's steps (images at the model processor's sizes: one model load
+    serves every section), each scored with its first profile."""
+    from eval.general import common, mmmu
+    from eval.general.cli import BENCHES, read_run
+    from eval.general.results import write_score
+    from eval.runs import RunFile
+
+    scores = {}
+    for name in section["benchmarks"]:
+        bench, folder = BENCHES[name], out / "general" / name
+        score_path = folder / "score.json"
+        if not score_path.exists():
+            source = section["datasets"].get(name) or bench.HUB_ID
+            limit = section.get("limit")
+            if bench is mmmu:
+                ds = mmmu.load(source, tuple(section.get("mmmu_splits", mmmu.SPLITS)), limit)
+            else:
+                ds = bench.load(source, limit)
+            items = bench.items(ds, source)
+            run_path = folder / "run.jsonl"
+            header = {"step": f"general {name}", "model": model.model, "backend": model.backend,
+                      "max_new_tokens": model.options.get("max_new_tokens"), "pixels": "model", "backend_options": []}
+            run = RunFile(run_path, header=header)
+            if run.pending(items):
+                generator = model.get()
+                run.begin()
+                common.generate(bench, ds, items, generator, run_path)
+            else:
+                run.finalize([item["id"] for item in items])
+            records = read_run(bench, run_path)
+            profiles = getattr(bench, "PROFILES", None)
+            write_score(bench.score(records, profiles[0]) if profiles else bench.score(records), score_path)
+        scores[name] = json.loads(score_path.read_text())
+    return scores
+
+
+def general_rows(general: dict, spy: dict) -> list[dict]:
+    from eval.general.composite import composite
+
+    rows, values = [], {}
+    if "mmmu" in general:
+        splits = general["mmmu"]["splits"]
+        split = "validation" if "validation" in splits else next(iter(splits))
+        values["mmmu"] = 100 * splits[split]["accuracy"]
+        rows.append({"benchmark": "MMMU", "setting": split, "metric": "accuracy", "key": "mmmu",
+                     "value": values["mmmu"], "n": splits[split]["n"]})
+    if "ocrbench" in general:
+        values["ocrbench"] = general["ocrbench"]["score"]
+        rows.append({"benchmark": "OCRBench", "setting": "score of 1000", "metric": "score", "key": "ocrbench",
+                     "value": values["ocrbench"], "n": general["ocrbench"]["n"]})
+    if "mme" in general:
+        values["mme"] = general["mme"]["score"]
+        rows.append({"benchmark": "MME", "setting": "perception + cognition", "metric": "score", "key": "mme",
+                     "value": values["mme"], "n": general["mme"]["n"]})
+    plain = spy.get("without_distractors")
+    if len(values) == 3 and plain and plain.get("ics") is not None and plain.get("hms") is not None:
+        for key, value in composite(plain["ics"], plain["hms"], values["mmmu"], values["ocrbench"],
+                                    values["mme"]).items():
+            rows.append({"benchmark": "SPY composite", "setting": "without distractors", "metric": key,
+                         "key": f"composite_{key}", "value": value, "n": plain.get("total")})
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------- results
 def headline(sections: dict) -> list[dict]:
     """Every headline metric as one row: benchmark, setting, metric, value, n (samples it was computed over)."""
@@ -217,6 +297,7 @@ def headline(sections: dict) -> list[dict]:
         for key, name in SPY_HEADLINE.items():
             rows.append({"benchmark": "SPY-Bench", "setting": setting.replace("_", " "), "metric": name,
                          "key": key, "value": m.get(key), "n": m.get("total")})
+    rows += general_rows(sections.get("general", {}), sections.get("spy", {}))
     for mode, m in sections.get("spatialtrust", {}).items():
         for key, name in SPATIAL_HEADLINE.items():
             rows.append({"benchmark": "SpatialTrust", "setting": mode + ("" if m.get("judged") else " (q4/q5 unjudged)"),
@@ -228,7 +309,8 @@ def settings_of(config: dict, model: str) -> dict:
     """What makes the numbers: compared runs with other settings get a warning from `eval compare`."""
     return {"model": model, "backend": config["backend"], "backend_options": config["backend_options"],
             "judge": config["judge"],
-            "sections": {name: {k: v for k, v in entry.items() if k not in ("items", "images", "data", "image_root")}
+            "sections": {name: {k: v for k, v in entry.items()
+                                if k not in ("items", "images", "data", "image_root", "datasets")}
                          for name, entry in config["sections"].items()}}
 
 
@@ -283,6 +365,8 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
     try:
         if "spy" in config["sections"]:
             sections["spy"] = run_spy(config["sections"]["spy"], config["judge"], runner, out)
+        if "general" in config["sections"]:
+            sections["general"] = run_general(config["sections"]["general"], runner, out)
         if "spatialtrust" in config["sections"]:
             sections["spatialtrust"] = run_spatialtrust(config["sections"]["spatialtrust"], config["judge"], runner, out)
     finally:

@@ -172,6 +172,7 @@ judge: rule
 sections:
   spy: {items: spy/questions.json, images: spy, limit: 20}
   spatialtrust: {data: spatialtrust/data.jsonl, synthetic_images: 3, modes: [one-pass]}
+  general: {datasets: {mmmu: mmmu, ocrbench: ocrbench, mme: mme}}
 """
 
 
@@ -187,9 +188,13 @@ def test_suite_evaluates_resumes_and_pushes_model_index(tiny_model_dir, syntheti
     """One command: SPY-Bench (both settings) and SpatialTrust into results.json, report.md and the PNG; again:
     nothing regenerated (the model is not even loaded), the same results; --push-to-hub writes model-index into
     the repo's card on the Hub stand-in, keeping the card; --wandb logs the metrics (offline run)."""
+    from general_fixtures import save
+
     root = tmp_path / "data"
     root.mkdir()
     (root / "spy").symlink_to(synthetic_dir)
+    for benchmark in ("mmmu", "ocrbench", "mme"):
+        save(benchmark, root / benchmark)
     config = tmp_path / "suite.yaml"
     config.write_text(SUITE)
     out = tmp_path / "suite"
@@ -201,6 +206,10 @@ def test_suite_evaluates_resumes_and_pushes_model_index(tiny_model_dir, syntheti
             assert isinstance(spy[setting, metric]["value"], float) and spy[setting, metric]["n"] == 20
     overall = [r for r in results["headline"] if r["benchmark"] == "SpatialTrust" and r["metric"] == "overall"]
     assert len(overall) == 1 and overall[0]["n"] == 3
+    general = {r["benchmark"]: r for r in results["headline"] if r["benchmark"] in ("MMMU", "OCRBench", "MME")}
+    assert {k: v["n"] for k, v in general.items()} == {"MMMU": 3, "OCRBench": 3, "MME": 4}
+    composite = {r["metric"]: r["value"] for r in results["headline"] if r["benchmark"] == "SPY composite"}
+    assert set(composite) == {"priv", "general", "overall"}
     assert (out / "report.png").stat().st_size > 5_000 and "| SPY-Bench | with distractors | ICS |" in (
         out / "report.md").read_text()
     assert "loading" in first.stdout
