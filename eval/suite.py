@@ -19,6 +19,7 @@ model. `--push-to-hub` writes the headline metrics into the repo's card as model
       spy: {items: .../questions.json, images: DIR, settings: [without_distractors, with_distractors]}
       spatialtrust: {data: .../data.jsonl, modes: [one-pass, guard], synthetic_images: 8}
       general: {benchmarks: [mmmu, ocrbench, mme], datasets: {mmmu: local copy or Hub id}}   (+ the SPY composite)
+      geo: {images: .../geo_images, settings: [mcq, free-form]}   (free-form needs an LLM judge)
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ SECTION_KEYS = {
     "spy": {"items", "images", "settings", "limit"},
     "spatialtrust": {"data", "image_root", "modes", "limit", "retries", "box_scale", "synthetic_images"},
     "general": {"benchmarks", "datasets", "limit", "mmmu_splits"},
+    "geo": {"images", "settings", "labels", "metadata", "limit"},
 }
+GEO_SETTINGS = ("mcq", "free-form")
+GEO_HEADLINE = {"q7_accuracy": "Q7 accuracy", "q7_macro_f1": "Q7 macro-F1", "over_disclosure": "over-disclosure",
+                "abstention_violation": "abstention violation"}
 GENERAL = ("mmmu", "ocrbench", "mme")
 TOP_KEYS = {"name", "root", "backend", "backend_options", "judge", "sections", "wandb_project"}
 
@@ -137,6 +142,22 @@ def load_config(path, root: str | None = None, overrides: dict | None = None) ->
         for name, source in datasets.items():  # a relative path that exists under root is local, else a Hub id
             if (base / source).exists():
                 datasets[name] = resolve(source)
+    geo = sections.get("geo")
+    if geo is not None:
+        for key in ("images", "labels", "metadata"):
+            if key in geo:
+                geo[key] = resolve(geo[key])
+                if not Path(geo[key]).exists():
+                    raise InputError(path, None, f"sections.geo.{key}", f"{geo[key]} does not exist")
+        if "images" not in geo:
+            raise InputError(path, None, "sections.geo.images", "missing (the authors' download_images.py fetches them)")
+        geo.setdefault("settings", ["mcq"])
+        bad = [s for s in geo["settings"] if s not in GEO_SETTINGS]
+        if bad:
+            raise InputError(path, None, "sections.geo.settings", f"{bad[0]!r}: choose from {', '.join(GEO_SETTINGS)}")
+        if "free-form" in geo["settings"] and judge == "rule":
+            raise InputError(path, None, "sections.geo.settings",
+                             "free-form answers need an LLM granularity judge (judge: {model: ...}); mcq needs none")
     return {**config, "backend": config.get("backend", "hf"), "backend_options": config.get("backend_options") or {},
             "judge": judge, "sections": sections}
 
@@ -262,6 +283,38 @@ def run_general(section: dict, model: Model, out: Path) -> dict:
     return scores
 
 
+def run_geo(section: dict, judge, model: Model, out: Path) -> dict:
+    """VLM-GeoPrivacy through `eval geo`'s own steps: generate (the suite's model), the granularity judge for
+    free-form answers, metrics."""
+    from eval.geoprivacy import cli as geo
+
+    results = {}
+    for setting in section["settings"]:
+        folder = out / "geo" / setting
+        metrics_path = folder / "metrics" / "metrics.json"
+        if not metrics_path.exists():
+            files = [f"--{k}={section[k]}" for k in ("labels", "metadata") if section.get(k)]
+            run = folder / "run.jsonl"
+            argv = ["generate", "--backend", model.backend, "--model", model.model, "--images", section["images"],
+                    "--setting", setting, "--out", str(run), *files,
+                    *(["--limit", str(section["limit"])] if section.get("limit") else []),
+                    *(["--max-new-tokens", str(model.options["max_new_tokens"])]
+                      if model.options.get("max_new_tokens") else [])]
+            geo.cmd_generate(geo.build_parser().parse_args(argv), generator=model.get())
+            if setting == "free-form":
+                judged = folder / "judged.jsonl"
+                geo.cmd_judge(geo.build_parser().parse_args(
+                    ["judge", str(run), "--out", str(judged), "--judge-model", judge["model"],
+                     *(["--base-url", judge["base_url"]] if judge.get("base_url") else []),
+                     "--api-key-env", judge.get("api_key_env", "OPENAI_API_KEY")]))
+                run = judged
+            geo.cmd_metrics(geo.build_parser().parse_args(
+                ["metrics", str(run), "--setting", setting, "--out", str(folder / "metrics"), *files]))
+        (report,) = json.loads(metrics_path.read_text())["files"].values()
+        results[setting] = report
+    return results
+
+
 def general_rows(general: dict, spy: dict) -> list[dict]:
     from eval.general.composite import composite
 
@@ -298,6 +351,11 @@ def headline(sections: dict) -> list[dict]:
             rows.append({"benchmark": "SPY-Bench", "setting": setting.replace("_", " "), "metric": name,
                          "key": key, "value": m.get(key), "n": m.get("total")})
     rows += general_rows(sections.get("general", {}), sections.get("spy", {}))
+    for setting, m in sections.get("geo", {}).items():
+        for key, name in GEO_HEADLINE.items():
+            if key in m:
+                rows.append({"benchmark": "VLM-GeoPrivacy", "setting": setting, "metric": name, "key": key,
+                             "value": m[key], "n": m.get("n")})  # n_valid of them parsable: in the JSON
     for mode, m in sections.get("spatialtrust", {}).items():
         for key, name in SPATIAL_HEADLINE.items():
             rows.append({"benchmark": "SpatialTrust", "setting": mode + ("" if m.get("judged") else " (q4/q5 unjudged)"),
@@ -367,6 +425,8 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
             sections["spy"] = run_spy(config["sections"]["spy"], config["judge"], runner, out)
         if "general" in config["sections"]:
             sections["general"] = run_general(config["sections"]["general"], runner, out)
+        if "geo" in config["sections"]:
+            sections["geo"] = run_geo(config["sections"]["geo"], config["judge"], runner, out)
         if "spatialtrust" in config["sections"]:
             sections["spatialtrust"] = run_spatialtrust(config["sections"]["spatialtrust"], config["judge"], runner, out)
     finally:

@@ -340,3 +340,30 @@ def test_generate_with_the_tiny_hf_model(bench, tiny_model_dir):
     assert geo_cli("metrics", out, "--labels", bench["labels"], "--out", report_dir) == 0
     m = json.loads((report_dir / "metrics.json").read_text())["files"]["hf"]
     assert m["questions"] == ["Q7"] and m["n"] == 3
+
+
+def test_suite_runs_geoprivacy_mcq_and_free_form(bench, tiny_model_dir, monkeypatch):
+    """`eval suite` drives geo generate (the suite's one model load), the granularity judge for free-form answers
+    (a local judge endpoint) and geo metrics; the headline rows carry Q7 metrics over the 3 images; a re-run reuses
+    every finished step."""
+    from eval.suite import run_suite
+
+    monkeypatch.setenv("JUDGE_KEY", "local")
+    config = bench["dir"] / "suite.yaml"
+    config.write_text(
+        "name: geo-only\nbackend: hf\nbackend_options: {max_new_tokens: 4, batch_size: 3}\n"
+        "judge: {model: judge, base_url: BASE, api_key_env: JUDGE_KEY}\n"
+        f"sections:\n  geo: {{images: {bench['images']}, labels: {bench['labels']}, metadata: {bench['meta']}, "
+        "settings: [mcq, free-form]}\n")
+    with ChatServer(judge_reply) as server:
+        config.write_text(config.read_text().replace("BASE", server.base_url))
+        results = run_suite(config, str(tiny_model_dir), bench["dir"] / "suite")
+        geo_rows = [r for r in results["headline"] if r["benchmark"] == "VLM-GeoPrivacy"]
+        assert {r["setting"] for r in geo_rows} == {"mcq", "free-form"}
+        assert {r["metric"] for r in geo_rows} >= {"Q7 accuracy", "Q7 macro-F1"}
+        assert all(r["n"] == 3 for r in geo_rows)
+        mcq = results["sections"]["geo"]["mcq"]
+        assert mcq["n"] == 3 and mcq["q7_accuracy"] is not None  # the tiny model's answers parse as no option
+        assert (bench["dir"] / "suite" / "geo" / "free-form" / "judged.jsonl").is_file()
+        again = run_suite(config, str(tiny_model_dir), bench["dir"] / "suite")
+    assert again["headline"] == results["headline"]

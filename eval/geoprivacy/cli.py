@@ -51,7 +51,8 @@ def select_ids(labels: dict, ids_file: str | None, limit: int | None) -> list[st
     return ids[:limit] if limit else ids
 
 
-def cmd_generate(args) -> int:
+def cmd_generate(args, generator=None) -> int:
+    """`generator`: an already loaded one (the suite's), used and left open; else one is loaded for this run."""
     from eval.backends import generate_run, load_generator
     from eval.geoprivacy.prompts import build_request
 
@@ -103,8 +104,11 @@ def cmd_generate(args) -> int:
     RunFile(run_path, header=header, new_run=args.new_run)  # another model's run refuses before the model loads
     if args.method == "iter-cot":
         RunFile(iter_files[1], header={"step": "geo judge", "judge_model": args.judge_model}, new_run=args.new_run)
-    generator = load_generator(args.backend, args.model, **options)
-    with generator:
+    import contextlib
+
+    shared = generator is not None
+    generator = generator or load_generator(args.backend, args.model, **options)
+    with contextlib.nullcontext(generator) if shared else generator:
         if args.method == "iter-cot":
             from eval.geoprivacy.iterative import iter_cot_run
 
