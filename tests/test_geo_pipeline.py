@@ -290,6 +290,7 @@ def test_judge_coordinates_and_metrics_end_to_end(bench, monkeypatch):
         assert geo_cli("coordinates", judged, "--out", coords, "--extract-model", "extractor", "--base-url",
                        server.base_url, "--geocoder-key-env", "GEO_KEY", "--geocoder-url", geo.url) == 0
         assert server.requests[0]["messages"][0]["content"] == PROMPTS["extraction_system"]
+        assert [q[0] for q in geo.queries].count("Lady") == 3  # geopy's RateLimiter retried the quota error twice
     first = {r["id"]: r for r in read_jsonl(coords)}
     assert set(first) == {"101", "s202"}  # only answers judged C
     assert first["101"]["extracted_address"] == "Eiffel Tower" and first["101"]["source"] == "geocoded"
