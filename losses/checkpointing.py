@@ -13,6 +13,7 @@ use it); it sets our loggers' level by the recipe's `log_level` / `log_level_rep
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from data_prep import log
+from data_prep.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +38,16 @@ def non_default_arguments(args) -> dict:
     return changed
 
 
+def require_extras(training_args) -> None:
+    """A recipe that reports to W&B needs the `wandb` extra; say so before the Trainer's own RuntimeError."""
+    if training_args is not None and "wandb" in (training_args.report_to or []) and importlib.util.find_spec("wandb") is None:
+        raise InputError("training arguments", None, "report_to",
+                         "wandb is not installed: pip install -c constraints.txt -e \".[wandb]\", or report_to: none")
+
+
 class HubFormatResumeMixin:
     def __init__(self, *args, **kwargs):
+        require_extras(kwargs.get("args"))
         super().__init__(*args, **kwargs)
         # TRL's convention (get_process_log_level); an unset `log_level` on the main process keeps our default (info)
         passive = self.args.should_log and self.args.log_level == "passive"

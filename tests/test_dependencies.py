@@ -2,6 +2,7 @@
 dependency is used by the code."""
 
 import re
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -59,3 +60,16 @@ def test_this_environment_is_the_locked_set():
     """The environment the suite runs in (make's .venv) has constraints.txt's versions of what we list."""
     for req in CORE + EXTRAS["dev"]:
         assert metadata.version(req.name) == LOCKED[canonicalize_name(req.name)], req.name
+
+
+def test_a_wandb_recipe_without_wandb_says_which_extra(monkeypatch):
+    from types import SimpleNamespace
+
+    from data_prep.errors import InputError
+    from losses.checkpointing import require_extras
+
+    require_extras(SimpleNamespace(report_to=["wandb"]))  # installed here (make installs the extra)
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what a core-only install looks like to find_spec
+    with pytest.raises(InputError, match=r'report_to: wandb is not installed: pip install -c constraints.txt -e "\.\[wandb\]"'):
+        require_extras(SimpleNamespace(report_to=["wandb"]))
+    require_extras(SimpleNamespace(report_to=[]))
