@@ -30,7 +30,8 @@ lint: $(STAMP)
 # vLLM pins its own torch and transformers, so it lives in its own environment (GPU machines only).
 vllm-env:
 	test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm
-	.venv-vllm/bin/pip install -q "vllm==0.33.0" "openai>=1.60,<4" "matplotlib>=3.9,<4" "tqdm>=4.66" PyYAML
+	.venv-vllm/bin/pip install -q "vllm==0.33.0" "openai>=3.57.0,<4" "matplotlib>=3.11.2,<4" "tqdm>=4.70.1,<5" "PyYAML>=6.0.4,<7" \
+	    "geopy>=2.5.0,<3" "krippendorff>=0.9.0,<1"
 	.venv-vllm/bin/pip install -q --no-deps -e .
 
 # What the lent GPU machine (Python 3.12, torch 2.11, transformers 5.17, no trl/datasets, no network) lacks, as
