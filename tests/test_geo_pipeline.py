@@ -326,6 +326,12 @@ def test_coordinates_need_the_geocoder_key(bench, monkeypatch, capsys):
     assert geo_cli("coordinates", judged, "--out", bench["dir"] / "c.jsonl", "--geocoder-key-env", "NO_SUCH_KEY") == 2
     assert "NO_SUCH_KEY: not set" in capsys.readouterr().err
     assert not (bench["dir"] / "c.jsonl").exists()
+    monkeypatch.setenv("GEO_KEY", "maps-key")  # GoogleV3 fixes the path; only scheme and host can change
+    assert geo_cli("coordinates", judged, "--out", bench["dir"] / "c.jsonl", "--geocoder-key-env", "GEO_KEY",
+                   "--geocoder-url", "http://127.0.0.1:9/geocode") == 2
+    assert "--geocoder-url: geocoder url 'http://127.0.0.1:9/geocode': the path must be /maps/api/geocode/json" in \
+        capsys.readouterr().err
+    assert not (bench["dir"] / "c.jsonl").exists()
 
 
 @pytest.mark.slow

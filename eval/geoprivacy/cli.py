@@ -160,8 +160,11 @@ def cmd_coordinates(args) -> int:
     key = os.environ.get(args.geocoder_key_env)
     if not key:
         raise InputError("environment", None, args.geocoder_key_env, "not set (the geocoder key is read from here)")
+    try:
+        geocoder = GoogleGeocoder(key, url=args.geocoder_url or GOOGLE_GEOCODE_URL)
+    except ValueError as err:
+        raise InputError("--geocoder-url", None, None, str(err)) from None
     client = _judge_client(args.extract_model, args.base_url, args.api_key_env, args.concurrency, cache)
-    geocoder = GoogleGeocoder(key, url=args.geocoder_url or GOOGLE_GEOCODE_URL)
     out = coordinates_run(client, geocoder, records, args.out, new_run=args.new_run)
     found = sum(1 for r in out if r.get("source") == "geocoded")
     errors = sum(1 for r in out if r.get("error"))
