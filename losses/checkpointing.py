@@ -48,6 +48,7 @@ def require_extras(training_args) -> None:
 class HubFormatResumeMixin:
     def __init__(self, *args, **kwargs):
         require_extras(kwargs.get("args"))
+        log.quiet_third_party()  # before the Trainer's __init__, which may already run the reference pass (precompute)
         super().__init__(*args, **kwargs)
         # TRL's convention (get_process_log_level); an unset `log_level` on the main process keeps our default (info)
         passive = self.args.should_log and self.args.log_level == "passive"
