@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh clone: `make demo` and `make test`.
-# Each creates the project venv (.venv) when it is missing or older than pyproject.toml.
+# Each creates the project venv (.venv) when it is missing or older than pyproject.toml or constraints.txt.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,10 +11,11 @@ OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_
 
 .PHONY: demo test lint vllm-env gpu-wheels clean
 
-$(STAMP): pyproject.toml
+# The exact tested set: pyproject.toml's ranges, resolved to constraints.txt's versions.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	DS_BUILD_OPS=0 $(PY) -m pip install -q -e ".[dev,deepspeed]"
+	DS_BUILD_OPS=0 $(PY) -m pip install -q -c constraints.txt -e ".[dev,deepspeed,wandb]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,12 +30,13 @@ lint: $(STAMP)
 # vLLM pins its own torch and transformers, so it lives in its own environment (GPU machines only).
 vllm-env:
 	test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm
-	.venv-vllm/bin/pip install -q "vllm==0.33.0" "openai>=1.60,<4" "matplotlib>=3.9,<4" "tqdm>=4.66" PyYAML
+	.venv-vllm/bin/pip install -q "vllm==0.33.0" "openai>=3.57.0,<4" "matplotlib>=3.11.2,<4" "tqdm>=4.70.1,<5" "PyYAML>=6.0.4,<7" \
+	    "geopy>=2.5.0,<3" "krippendorff>=0.9.0,<1"
 	.venv-vllm/bin/pip install -q --no-deps -e .
 
 # What the lent GPU machine (Python 3.12, torch 2.11, transformers 5.17, no trl/datasets, no network) lacks, as
 # wheels for its Python, carried in .whl/ (git-ignored) and installed by benchmarks/gpu/run.sh. The versions are
-# pyproject.toml's pins (a test checks it) plus datasets' own dill and multiprocess; none pulls in torch.
+# constraints.txt's pins (a test checks it) plus datasets' own dill and multiprocess; none pulls in torch.
 GPU_WHEELS := transformers==5.24.0 trl==1.16.0 peft==0.21.2 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 GPU_WHEELS_MAX_MIB := 48
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from data_prep import log
 from data_prep.errors import InputError
 
 # benchmark -> module exposing `main(argv: list[str]) -> int`
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(f"usage: python -m eval {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
+    log.setup()
     module = importlib.import_module(COMMANDS[argv[0]])
     try:
         return module.main(argv[1:]) or 0

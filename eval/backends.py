@@ -21,10 +21,10 @@ import asyncio
 import base64
 import io
 import json
+import logging
 import os
 import queue
 import random
-import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from email.utils import parsedate_to_datetime
@@ -32,6 +32,8 @@ from pathlib import Path
 
 from data_prep.errors import InputError
 from eval.runs import RunFile, iter_chunks
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_NEW_TOKENS = 512
 
@@ -319,8 +321,7 @@ class DataParallel(Generator):
             results = gather_object(list(self.inner.generate(mine)) if mine else [])
             position = {str(r["id"]): i for i, r in enumerate(chunk)}
             yield from sorted(results, key=lambda r: position[str(r["id"])])
-        print(f"process {rank + 1} of {world}: generated {own} of {len(requests)} requests", file=sys.stderr,
-              flush=True)
+        logger.info(f"process {rank + 1} of {world}: generated {own} of {len(requests)} requests")
 
 
 def load_generator(backend: str, model: str, **options) -> Generator:

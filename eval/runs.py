@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
-import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from data_prep.errors import InputError, new_file_mode, read_text, unwritable
+
+logger = logging.getLogger(__name__)
 
 HEADER = "run_header"  # the first line of a run file, `{"run_header": {...}}`: what made the run
 
@@ -296,8 +298,8 @@ def iter_chunks(items: list, size: int) -> Iterator[list]:
 
 
 def warn_unequal_counts(counts: dict, what: str = "samples") -> None:
-    """Warn (stderr) when the runs being compared were scored over different numbers of samples."""
+    """Warn when the runs being compared were scored over different numbers of samples."""
     if len(set(counts.values())) > 1:
         listed = ", ".join(f"{name} {n}" for name, n in counts.items())
-        print(f"warning: the runs compared have different numbers of {what} ({listed}); their scores are not "
-              "over the same samples", file=sys.stderr)
+        logger.warning(f"the runs compared have different numbers of {what} ({listed}); their scores are not "
+                       "over the same samples")

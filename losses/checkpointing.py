@@ -8,19 +8,65 @@ DeepSpeed and PEFT checkpoints take other paths and are left to the Trainer.
 
 Saving: safetensors 0.8 writes its files with mode 0600, so colleagues sharing a machine could not read a trained
 model or its checkpoints; every saved folder's weight files get the permissions of any new file (0666 less umask).
+
+The mixin is also where every training run logs its arguments once and says whether it resumes (all our trainers
+use it); it sets our loggers' level by the recipe's `log_level` / `log_level_replica` (data_prep/log.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import json
+import logging
 import os
 from pathlib import Path
 
+from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
-from data_prep.errors import new_file_mode
+from data_prep import log
+from data_prep.errors import InputError, new_file_mode
+
+logger = logging.getLogger(__name__)
+
+
+def non_default_arguments(args) -> dict:
+    """The fields of a config dataclass that differ from their defaults, as JSON-able values."""
+    changed = {}
+    for f in dataclasses.fields(args):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        value = getattr(args, f.name)
+        if f.init and not f.name.startswith("_") and "token" not in f.name and value != default:
+            changed[f.name] = json.loads(json.dumps(value, default=str))
+    return changed
+
+
+def require_extras(training_args) -> None:
+    """A recipe that reports to W&B needs the `wandb` extra; say so before the Trainer's own RuntimeError."""
+    if training_args is not None and "wandb" in (training_args.report_to or []) and importlib.util.find_spec("wandb") is None:
+        raise InputError("training arguments", None, "report_to",
+                         "wandb is not installed: pip install -c constraints.txt -e \".[wandb]\", or report_to: none")
 
 
 class HubFormatResumeMixin:
+    def __init__(self, *args, **kwargs):
+        require_extras(kwargs.get("args"))
+        log.quiet_third_party()  # before the Trainer's __init__, which may already run the reference pass (precompute)
+        super().__init__(*args, **kwargs)
+        # TRL's convention (get_process_log_level); an unset `log_level` on the main process keeps our default (info)
+        passive = self.args.should_log and self.args.log_level == "passive"
+        log.setup(None if passive else self.args.get_process_log_level())
+        if self.args.should_log:
+            logger.info("%s on %s, arguments that differ from the defaults: %s", type(self).__name__,
+                        getattr(self.model.config, "_name_or_path", "?"), json.dumps(non_default_arguments(self.args)))
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        checkpoint = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
+        if self.args.should_log and not (resume_from_checkpoint is True and checkpoint is None):  # the Trainer raises
+            logger.info(f"resuming from {checkpoint}" if checkpoint else f"training from the start into {self.args.output_dir}")
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         model = self.model if model is None else model
         full_weights = any(os.path.isfile(os.path.join(resume_from_checkpoint, name))

@@ -144,7 +144,7 @@ class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
         return outputs.log_probs[:, -seq_len:].sum(dim=1)
 
     def reference_logps(self, inputs, model=None) -> torch.Tensor:
-        with (torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
+        with (torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.activation_checkpointing_kwargs),
               self._reference_context()):
             return self.sequence_logps(model or self.ref_model or self.model, inputs)
 

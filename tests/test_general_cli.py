@@ -56,8 +56,8 @@ def test_score_writes_ours_and_files_the_spy_reference_reads(tmp_path, capsys):
         run = tmp_path / f"{benchmark}.jsonl"
         write_jsonl(run, records)
         assert main(["general", "score", benchmark, str(run), "--out", str(g / f"{benchmark}.json")]) == 0
-    out = capsys.readouterr().out
-    assert "warning: 1 samples have no response" in out and "validation 50.00% of 4" in out
+    captured = capsys.readouterr()
+    assert "warning: 1 samples have no response" in captured.err and "validation 50.00% of 4" in captured.out
     mmmu_score = json.loads((g / "mmmu.json").read_text())
     assert mmmu_score["n_failed"] == 1 and mmmu_score["items_file"] == "mmmu.items.jsonl"
     assert (g / "Qwen2.5-VL-7B_MMMU_DEV_VAL_acc.csv").exists() and (g / "Qwen2.5-VL-7B_MME_score.csv").exists()
@@ -71,7 +71,7 @@ def test_official_profile_writes_no_vlmevalkit_files(tmp_path, capsys):
     assert main(["general", "score", "mmmu", str(run), "--out", str(tmp_path / "out" / "s.json"),
                  "--profile", "official"]) == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["s.items.jsonl", "s.json"]
-    assert "no VLMEvalKit-format files for the official profile" in capsys.readouterr().out
+    assert "no VLMEvalKit-format files for the official profile" in capsys.readouterr().err
     assert main(["general", "score", "mme", str(run), "--out", str(tmp_path / "x.json"), "--profile", "official"]) == 2
 
 

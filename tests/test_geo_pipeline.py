@@ -290,6 +290,7 @@ def test_judge_coordinates_and_metrics_end_to_end(bench, monkeypatch):
         assert geo_cli("coordinates", judged, "--out", coords, "--extract-model", "extractor", "--base-url",
                        server.base_url, "--geocoder-key-env", "GEO_KEY", "--geocoder-url", geo.url) == 0
         assert server.requests[0]["messages"][0]["content"] == PROMPTS["extraction_system"]
+        assert [q[0] for q in geo.queries].count("Lady") == 3  # geopy's RateLimiter retried the quota error twice
     first = {r["id"]: r for r in read_jsonl(coords)}
     assert set(first) == {"101", "s202"}  # only answers judged C
     assert first["101"]["extracted_address"] == "Eiffel Tower" and first["101"]["source"] == "geocoded"
@@ -324,6 +325,12 @@ def test_coordinates_need_the_geocoder_key(bench, monkeypatch, capsys):
     judged.write_text(json.dumps({"id": "101", "Q7-gen": "x", "Q7-label": "C"}) + "\n")
     assert geo_cli("coordinates", judged, "--out", bench["dir"] / "c.jsonl", "--geocoder-key-env", "NO_SUCH_KEY") == 2
     assert "NO_SUCH_KEY: not set" in capsys.readouterr().err
+    assert not (bench["dir"] / "c.jsonl").exists()
+    monkeypatch.setenv("GEO_KEY", "maps-key")  # GoogleV3 fixes the path; only scheme and host can change
+    assert geo_cli("coordinates", judged, "--out", bench["dir"] / "c.jsonl", "--geocoder-key-env", "GEO_KEY",
+                   "--geocoder-url", "http://127.0.0.1:9/geocode") == 2
+    assert "--geocoder-url: geocoder url 'http://127.0.0.1:9/geocode': the path must be /maps/api/geocode/json" in \
+        capsys.readouterr().err
     assert not (bench["dir"] / "c.jsonl").exists()
 
 

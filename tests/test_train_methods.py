@@ -20,8 +20,9 @@ pytestmark = pytest.mark.slow
 
 
 def launch(script: str, recipe: str, tiny_model_dir, synthetic_dir, out, *overrides, config="cpu.yaml", env=None,
-           launcher_args=(), output=None):
-    """Train through `accelerate launch`; returns the run's log history (and its stdout into `output`, a list)."""
+           launcher_args=(), output=None, log=None):
+    """Train through `accelerate launch`; returns the run's log history (and its stdout into `output`, its stderr
+    into `log`, lists)."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / config),
         *launcher_args, str(ROOT / "train" / f"{script}.py"), str(ROOT / "recipes" / "demo" / f"{recipe}.yaml"),
@@ -33,6 +34,8 @@ def launch(script: str, recipe: str, tiny_model_dir, synthetic_dir, out, *overri
     assert result.returncode == 0, result.stderr[-3000:]
     if output is not None:
         output.append(result.stdout)
+    if log is not None:
+        log.append(result.stderr)
     return json.loads((Path(out) / "train_metrics.json").read_text())
 
 
@@ -48,7 +51,11 @@ def test_method_trains_and_saves(script, recipe, method, tiny_model_dir, synthet
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 
     out = tmp_path / recipe
-    history = launch(script, recipe, tiny_model_dir, synthetic_dir, out)
+    log = []
+    history = launch(script, recipe, tiny_model_dir, synthetic_dir, out, log=log)
+    # the arguments logged once, the start said, TRL's deprecated-alias FutureWarning filtered (data_prep/log.py)
+    assert log[0].count("arguments that differ from the defaults: {") == 1, log[0][-3000:]
+    assert f"training from the start into {out}" in log[0] and "is_gradient_checkpointing" not in log[0]
     losses = [entry["loss"] for entry in history if "loss" in entry]
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
     before = load_file(tiny_model_dir / "model.safetensors")
@@ -97,8 +104,10 @@ def test_resume_reaches_the_same_state(tiny_model_dir, synthetic_dir, tmp_path):
     launch("nca_p", "nca_p", tiny_model_dir, synthetic_dir, full, "--max_steps", "4")
     resumed = tmp_path / "resumed"
     shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
+    log = []
     history = launch("nca_p", "nca_p", tiny_model_dir, synthetic_dir, resumed, "--max_steps", "4",
-                     "--resume_from_checkpoint", "true")
+                     "--resume_from_checkpoint", "true", log=log)
+    assert f"resuming from {resumed / 'checkpoint-2'}" in log[0]
     assert max(entry["step"] for entry in history) == 4
     # the history of steps 1-2 comes from the checkpoint; 3-4 ran once each, nothing lost or repeated
     assert [e["step"] for e in history if "loss" in e] == [1, 2, 3, 4]

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import logging
 from pathlib import Path
 
 from data_prep.errors import InputError
 from eval.general import mme, mmmu, ocrbench, results
 from eval.runs import RunFile, check_outputs, int_at_least, nonempty
+
+logger = logging.getLogger(__name__)
 
 BENCHES = {"mmmu": mmmu, "ocrbench": ocrbench, "mme": mme}
 # VLMEvalKit's Qwen2-VL-7B-Instruct image resolution (its config, and the OCRBench override in its model code).
@@ -129,16 +132,16 @@ def score(args) -> int:
         if not args.no_vlmeval:
             written += results.write_vlmeval(result, args.vlmeval_dir or Path(args.out).parent, args.model_name)
     else:
-        print(f"note: no VLMEvalKit-format files for the {profile} profile (they hold VLMEvalKit's rules)")
+        logger.info(f"note: no VLMEvalKit-format files for the {profile} profile (they hold VLMEvalKit's rules)")
     if bench is mmmu and set(result["splits"]) != {"dev", "validation"}:
-        print("note: the SPY reference reads an MMMU CSV with both a dev and a validation row; run --split dev,validation")
+        logger.info("note: the SPY reference reads an MMMU CSV with both a dev and a validation row; run --split dev,validation")
     if result.get("images_without_two_questions"):
-        print(f"warning: {len(result['images_without_two_questions'])} MME images do not have exactly 2 questions "
-              "(a --limit cut?); acc+ then counts an image whose questions present are all right")
+        logger.warning(f"{len(result['images_without_two_questions'])} MME images do not have exactly 2 questions "
+                       "(a --limit cut?); acc+ then counts an image whose questions present are all right")
     if result.get("over_cap"):
-        print(f"warning: more items than the benchmark has in {', '.join(result['over_cap'])}; capped")
+        logger.warning(f"more items than the benchmark has in {', '.join(result['over_cap'])}; capped")
     if result["n_failed"]:
-        print(f"warning: {result['n_failed']} samples have no response (generation failed); they count as wrong")
+        logger.warning(f"{result['n_failed']} samples have no response (generation failed); they count as wrong")
     print(describe(result))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

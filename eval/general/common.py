@@ -8,10 +8,13 @@ image columns). `generate` runs any Generator over them through the same resumab
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from data_prep.errors import InputError
 from eval.runs import RunFile, iter_chunks
+
+logger = logging.getLogger(__name__)
 
 
 def load_source(source: str, splits: tuple[str, ...], hub_loader):
@@ -90,7 +93,7 @@ def generate(bench, ds, items: list[dict], generator, out_path, chunk_size: int 
     wanted = {item["id"] for item in items}
     foreign = [i for i in (r["id"] for r in run.records()) if i not in wanted]
     if foreign:
-        print(f"warning: {out_path} holds {len(foreign)} ids not in this dataset (e.g. {foreign[0]!r}); they are kept")
+        logger.warning(f"{out_path} holds {len(foreign)} ids not in this dataset (e.g. {foreign[0]!r}); they are kept")
     todo = [index for index, item in enumerate(items) if not run.is_done(item["id"])]
     image_columns = [c for c in ds.column_names if c in bench.IMAGE_COLUMNS]
     meta = {item["id"]: item for item in items}

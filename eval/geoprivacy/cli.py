@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from data_prep.errors import InputError, check_image, read_text
 from eval.geoprivacy import data
 from eval.geoprivacy.prompts import MAX_FOLLOWUPS, METHODS, PROMPT_FORMATS
 from eval.runs import RunFile, check_outputs, int_at_least, nonempty, warn_unequal_counts
+
+logger = logging.getLogger(__name__)
 
 
 def _judge_client(model, base_url, api_key_env, concurrency, cache):
@@ -161,8 +164,11 @@ def cmd_coordinates(args) -> int:
     key = os.environ.get(args.geocoder_key_env)
     if not key:
         raise InputError("environment", None, args.geocoder_key_env, "not set (the geocoder key is read from here)")
+    try:
+        geocoder = GoogleGeocoder(key, url=args.geocoder_url or GOOGLE_GEOCODE_URL)
+    except ValueError as err:
+        raise InputError("--geocoder-url", None, None, str(err)) from None
     client = _judge_client(args.extract_model, args.base_url, args.api_key_env, args.concurrency, cache)
-    geocoder = GoogleGeocoder(key, url=args.geocoder_url or GOOGLE_GEOCODE_URL)
     out = coordinates_run(client, geocoder, records, args.out, new_run=args.new_run)
     found = sum(1 for r in out if r.get("source") == "geocoded")
     errors = sum(1 for r in out if r.get("error"))
@@ -219,8 +225,8 @@ def cmd_metrics(args) -> int:
         rows = data.load_predictions(path, setting)
         failed = sum(1 for r in records if r.get("error"))
         if failed:
-            print(f"warning: {path}: {failed} record(s) failed for good and are left out; re-run the step that "
-                  "wrote this file to retry them", file=sys.stderr)
+            logger.warning(f"{path}: {failed} record(s) failed for good and are left out; re-run the step that "
+                           "wrote this file to retry them")
         coord_path = coordinates_for(path, args.coordinates, len(args.files))
         coords = data.load_coordinates(coord_path) if coord_path else None
         if coords is not None and truth is None:

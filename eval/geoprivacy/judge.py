@@ -9,12 +9,12 @@ the metrics treat as unparsable, like `D`).
 
 from __future__ import annotations
 
-import json
 import re
-import urllib.error
 import urllib.parse
-import urllib.request
 
+from geopy.exc import GeopyError
+from geopy.extra.rate_limiter import RateLimiter
+from geopy.geocoders import GoogleV3
 from tqdm import tqdm
 
 from eval.geoprivacy.prompts import PROMPTS, extraction_messages, judge_messages
@@ -94,25 +94,26 @@ def clean_place_name(output: str | None) -> str:
 
 
 class GoogleGeocoder:
-    """Google Geocoding API (the authors' geocoder): first result's location, or None when nothing is found.
-    Transport errors raise, so the caller records an error and a re-run retries the row."""
+    """Google Geocoding (the authors' geocoder) through geopy's `GoogleV3`: the first result's location, or None when
+    nothing is found. Quota and transport errors raise `GeopyError` (after geopy's `RateLimiter` retries), so the
+    caller records an error and a re-run retries the row. `url` points it at another endpoint (tests)."""
 
-    def __init__(self, api_key: str, url: str = GOOGLE_GEOCODE_URL, timeout: float = 30.0):
-        self.api_key, self.url, self.timeout = api_key, url, timeout
+    def __init__(self, api_key: str, url: str = GOOGLE_GEOCODE_URL, timeout: float = 30.0,
+                 min_delay_seconds: float = 1 / 50, error_wait_seconds: float = 2.0):
+        parts = urllib.parse.urlsplit(url)
+        if parts.path != GoogleV3.api_path:
+            raise ValueError(f"geocoder url {url!r}: the path must be {GoogleV3.api_path} (GoogleV3's)")
+        google = GoogleV3(api_key=api_key, domain=parts.netloc, scheme=parts.scheme, timeout=timeout)
+        # Google allows 50 requests a second; quota/server errors are retried twice before they raise
+        self._geocode = RateLimiter(google.geocode, min_delay_seconds=min_delay_seconds, max_retries=2,
+                                    error_wait_seconds=error_wait_seconds, swallow_exceptions=False)
 
     def geocode(self, address: str) -> dict | None:
-        query = urllib.parse.urlencode({"address": address, "key": self.api_key})
-        with urllib.request.urlopen(f"{self.url}?{query}", timeout=self.timeout) as response:
-            data = json.loads(response.read().decode("utf-8"))
-        status = data.get("status")
-        if status == "ZERO_RESULTS" or (status == "OK" and not data.get("results")):
+        found = self._geocode(address, exactly_one=True)
+        if found is None:
             return None
-        if status != "OK":
-            # OVER_QUERY_LIMIT, REQUEST_DENIED, ...: not an answer about the place, so retry later.
-            raise RuntimeError(f"geocoder status {status}: {data.get('error_message', '')}".strip())
-        first = data["results"][0]
-        return {"lat": first["geometry"]["location"]["lat"], "lng": first["geometry"]["location"]["lng"],
-                "formatted_address": first.get("formatted_address"), "types": first.get("types", [])}
+        return {"lat": found.latitude, "lng": found.longitude, "formatted_address": found.raw.get("formatted_address"),
+                "types": found.raw.get("types", [])}
 
 
 def coordinates_run(client, geocoder, records: list[dict], out_path, new_run: bool = False) -> list[dict]:
@@ -135,7 +136,7 @@ def coordinates_run(client, geocoder, records: list[dict], out_path, new_run: bo
                 found = geocoder.geocode(name) if name else None
                 if found is None:
                     found = geocoder.geocode(record["Q7-gen"].strip())
-            except (OSError, RuntimeError, ValueError, KeyError, urllib.error.URLError) as err:
+            except GeopyError as err:
                 out.append({"id": record["id"], "extracted_address": name, "error": f"geocode: {err}"})
                 continue
             if found is None:

@@ -20,6 +20,9 @@ from __future__ import annotations
 import math
 import statistics
 
+import krippendorff
+from geopy.distance import geodesic
+
 LETTERS = ("A", "B", "C")
 INDEX = {"A": 0, "B": 1, "C": 2}
 BINARY_QUESTIONS = ("Q2", "Q3", "Q6")
@@ -88,75 +91,21 @@ def disclosure(pairs: list[tuple[str, str]]) -> dict:
 
 
 def krippendorff_alpha_ordinal(golds: list[str], preds: list[str], domain=LETTERS) -> float | None:
-    """Ordinal Krippendorff's alpha with gold and model as two coders, over pairs where both are in `domain`."""
-    pairs = [(g, p) for g, p in zip(golds, preds) if g in domain and p in domain]
-    if not pairs:
+    """Ordinal Krippendorff's alpha (the `krippendorff` package, as the authors) with gold and model as two coders,
+    over pairs where both are in `domain`; None without pairs or when all values agree on one letter (alpha 0/0)."""
+    pairs = [(domain.index(g), domain.index(p)) for g, p in zip(golds, preds) if g in domain and p in domain]
+    if len({v for pair in pairs for v in pair}) < 2:
         return None
-    k = len(domain)
-    pos = {v: i for i, v in enumerate(domain)}
-    coincidence = [[0.0] * k for _ in range(k)]
-    for g, p in pairs:  # each unit has exactly two values: each ordered pair counts 1 / (m - 1) = 1
-        coincidence[pos[g]][pos[p]] += 1
-        coincidence[pos[p]][pos[g]] += 1
-    marginals = [sum(row) for row in coincidence]
-    n = sum(marginals)
-
-    def delta(c, e):
-        lo, hi = min(c, e), max(c, e)
-        return (sum(marginals[lo:hi + 1]) - (marginals[c] + marginals[e]) / 2) ** 2
-
-    observed = sum(coincidence[c][e] * delta(c, e) for c in range(k) for e in range(k))
-    expected = sum(marginals[c] * marginals[e] * delta(c, e) for c in range(k) for e in range(k))
-    if expected == 0:
-        return None
-    return 1 - (n - 1) * observed / expected
+    return float(krippendorff.alpha(reliability_data=list(zip(*pairs)), level_of_measurement="ordinal",
+                                    value_domain=range(len(domain))))
 
 
 # --- distances and utility ------------------------------------------------------------------------------------
 
-def haversine_km(a: tuple[float, float], b: tuple[float, float]) -> float:
-    lat1, lon1, lat2, lon2 = map(math.radians, (*a, *b))
-    h = math.sin((lat2 - lat1) / 2) ** 2 + math.cos(lat1) * math.cos(lat2) * math.sin((lon2 - lon1) / 2) ** 2
-    return 2 * 6371.0088 * math.asin(math.sqrt(min(1.0, h)))
-
-
 def geodesic_km(a: tuple[float, float], b: tuple[float, float]) -> float:
-    """WGS-84 ellipsoidal distance (Vincenty's inverse formula), as the authors measure with geopy.
-
-    The ellipsoid matters at the thresholds: haversine moves one released gemini row across 25 km. Vincenty does
-    not converge for nearly antipodal points; there the spherical distance (error < 0.5%) is returned.
-    """
-    major, flattening = 6378137.0, 1 / 298.257223563
-    minor = (1 - flattening) * major
-    lon_diff = math.radians(b[1] - a[1])
-    u1 = math.atan((1 - flattening) * math.tan(math.radians(a[0])))
-    u2 = math.atan((1 - flattening) * math.tan(math.radians(b[0])))
-    sin_u1, cos_u1, sin_u2, cos_u2 = math.sin(u1), math.cos(u1), math.sin(u2), math.cos(u2)
-    lam = lon_diff
-    for _ in range(200):
-        sin_lam, cos_lam = math.sin(lam), math.cos(lam)
-        sin_sigma = math.hypot(cos_u2 * sin_lam, cos_u1 * sin_u2 - sin_u1 * cos_u2 * cos_lam)
-        if sin_sigma == 0:
-            return 0.0
-        cos_sigma = sin_u1 * sin_u2 + cos_u1 * cos_u2 * cos_lam
-        sigma = math.atan2(sin_sigma, cos_sigma)
-        sin_alpha = cos_u1 * cos_u2 * sin_lam / sin_sigma
-        cos2_alpha = 1 - sin_alpha ** 2
-        cos_2sm = cos_sigma - 2 * sin_u1 * sin_u2 / cos2_alpha if cos2_alpha else 0.0
-        c = flattening / 16 * cos2_alpha * (4 + flattening * (4 - 3 * cos2_alpha))
-        previous = lam
-        lam = lon_diff + (1 - c) * flattening * sin_alpha * (
-            sigma + c * sin_sigma * (cos_2sm + c * cos_sigma * (-1 + 2 * cos_2sm ** 2)))
-        if abs(lam - previous) < 1e-12:
-            break
-    else:
-        return haversine_km(a, b)
-    u_sq = cos2_alpha * (major ** 2 - minor ** 2) / minor ** 2
-    big_a = 1 + u_sq / 16384 * (4096 + u_sq * (-768 + u_sq * (320 - 175 * u_sq)))
-    big_b = u_sq / 1024 * (256 + u_sq * (-128 + u_sq * (74 - 47 * u_sq)))
-    delta_sigma = big_b * sin_sigma * (cos_2sm + big_b / 4 * (
-        cos_sigma * (-1 + 2 * cos_2sm ** 2) - big_b / 6 * cos_2sm * (-3 + 4 * sin_sigma ** 2) * (-3 + 4 * cos_2sm ** 2)))
-    return minor * big_a * (sigma - delta_sigma) / 1000
+    """WGS-84 ellipsoidal distance with geopy's `geodesic`, as the authors measure (the ellipsoid matters at the
+    thresholds: a spherical distance moves one released gemini row across 25 km)."""
+    return geodesic(a, b).km
 
 
 def utility_score(acc_by_km: dict[int, float]) -> float:

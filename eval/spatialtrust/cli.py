@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 from pathlib import Path
 
 from data_prep.errors import InputError, read_json
@@ -29,6 +29,8 @@ from eval.runs import (
 from eval.spatialtrust import data
 from eval.spatialtrust.guard import DEFAULT_RETRIES, MODES
 from eval.spatialtrust.parsing import BOX_SCALES
+
+logger = logging.getLogger(__name__)
 
 
 def _load(args, check_images: bool = False) -> list[dict]:
@@ -143,8 +145,8 @@ def cmd_score(args) -> int:
                                                 "; without --judgments q4 and q5 count as 0"))
     unjudged = sum(metrics["unjudged"].values()) if args.judgments else 0
     if metrics["missing_predictions"] or unjudged:
-        print(f"warning: {metrics['missing_predictions']} images without a prediction and {unjudged} q4/q5 answers "
-              "without a verdict; they score 0", file=sys.stderr)
+        logger.warning(f"{metrics['missing_predictions']} images without a prediction and {unjudged} q4/q5 answers "
+                       "without a verdict; they score 0")
     return 0
 
 

@@ -62,15 +62,19 @@ def normalise_box(box, width: float, height: float, clip: bool = False) -> list[
     return [x1, y1, x2, y2]
 
 
+def box_iou(predicted: list, truth: list):
+    """torchvision's IoU matrix (len(predicted), len(truth)) of xyxy boxes, in float64 (continuous coordinates:
+    area = (x2 - x1) * (y2 - y1)). torch is imported here, not at module import, to keep the data CLI fast."""
+    import torch
+    from torchvision.ops import box_iou as torchvision_box_iou
+
+    return torchvision_box_iou(torch.tensor(predicted, dtype=torch.float64).reshape(-1, 4),
+                               torch.tensor(truth, dtype=torch.float64).reshape(-1, 4))
+
+
 def iou(a, b) -> float:
-    """Intersection over union of two xyxy boxes, continuous coordinates (area = (x2 - x1) * (y2 - y1))."""
-    ix = min(a[2], b[2]) - max(a[0], b[0])
-    iy = min(a[3], b[3]) - max(a[1], b[1])
-    if ix <= 0 or iy <= 0:
-        return 0.0
-    inter = ix * iy
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union
+    """Intersection over union of two xyxy boxes."""
+    return box_iou([a], [b]).item()
 
 
 def exclusive_option(options: dict) -> str | None:

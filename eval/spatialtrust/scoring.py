@@ -11,7 +11,16 @@ import hashlib
 import json
 
 from data_prep.errors import InputError
-from eval.spatialtrust.data import CHOICE_QIDS, FREE_QIDS, QIDS, iou, normalise_box, question, with_line_numbers
+from eval.spatialtrust.data import (
+    CHOICE_QIDS,
+    FREE_QIDS,
+    QIDS,
+    box_iou,
+    iou,
+    normalise_box,
+    question,
+    with_line_numbers,
+)
 from eval.spatialtrust.parsing import parse_choices
 
 TAU = 0.5
@@ -27,7 +36,7 @@ def _valid_boxes(boxes, width, height, clip: bool = False) -> tuple[list, int]:
 
 def max_iou(predicted: list, truth: list) -> float:
     """M(o): the best IoU over all (predicted, ground-truth) pairs; 0 when either side is empty."""
-    return max((iou(p, g) for p in predicted for g in truth), default=0.0)
+    return box_iou(predicted, truth).max().item() if predicted and truth else 0.0
 
 
 def is_unparsable(qid: str, pred) -> bool:

@@ -17,7 +17,7 @@ The same steps are plain functions here (`generate`, `self_moderate`, `judge`, `
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 from pathlib import Path
 
 from data_prep.errors import InputError, read_json
@@ -34,6 +34,8 @@ from eval.runs import (
     write_json,
     write_text,
 )
+
+logger = logging.getLogger(__name__)
 
 SUMMARY_COLUMNS = ["model", "total", "exceptions", "accuracy", "abs_accuracy", "ics", "abs_ics", "rta_nonconflict",
                    "ata_nonconflict", "ics_nonconflict", "ata_conflict", "hms"]
@@ -223,9 +225,8 @@ def metrics(judged, out=None, key: str = "eval_resp", reference_out=None) -> dic
     problems = record_problems(records, key, judged)
     result = {**spy_metrics(records, key=key, source=judged), **problems}
     if any(problems.values()):
-        print(f"warning: {judged}: {problems['n_failed']} failed generations, {problems['n_unjudged']} unjudged "
-              f"and {problems['n_missing']} missing samples; failed and unjudged ones count as exceptions",
-              file=sys.stderr)
+        logger.warning(f"{judged}: {problems['n_failed']} failed generations, {problems['n_unjudged']} unjudged "
+                       f"and {problems['n_missing']} missing samples; failed and unjudged ones count as exceptions")
     if out:
         write_json(out, result)
     if reference_out:

@@ -1,0 +1,65 @@
+"""Logging of the library modules (eval, train, losses, data_prep), on transformers' conventions.
+
+Each module logs to `logging.getLogger(__name__)`. `setup()` gives the four packages one stderr handler, at the
+level `PRIVACY_ALIGN_VERBOSITY` names (debug | info | warning | error, like `TRANSFORMERS_VERBOSITY`; default
+info), or at a training recipe's `log_level` / `log_level_replica` (the trainers pass
+`TrainingArguments.get_process_log_level()`, as TRL's scripts do). Warnings print as `warning: ...`, info as the
+bare message. It also filters, once, the third-party warnings that every run printed (see `quiet_third_party`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+PACKAGES = ("eval", "train", "losses", "data_prep")
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
+          "critical": logging.CRITICAL}
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler on whatever `sys.stderr` is now (pytest and `contextlib.redirect_stderr` swap it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record):
+        message = super().format(record)
+        return message if record.levelno < logging.WARNING else f"{record.levelname.lower()}: {message}"
+
+
+def level_from_env() -> int:
+    name = os.environ.get("PRIVACY_ALIGN_VERBOSITY", "info").lower()
+    if name not in LEVELS:
+        raise ValueError(f"PRIVACY_ALIGN_VERBOSITY={name!r}: use one of {', '.join(LEVELS)}")
+    return LEVELS[name]
+
+
+def setup(level: int | None = None) -> None:
+    """Our packages' loggers at `level` (default: from the environment), with one stderr handler; idempotent."""
+    level = level_from_env() if level is None or level < 0 else level
+    for name in PACKAGES:
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        if not any(isinstance(h, _Stderr) for h in logger.handlers):
+            handler = _Stderr()
+            handler.setFormatter(_Formatter())
+            logger.addHandler(handler)
+            logger.propagate = False
+    quiet_third_party()
+
+
+def quiet_third_party() -> None:
+    """The warnings every run printed, filtered once (their causes are in the libraries, not in our calls)."""
+    # TRL 1.16's `disable_gradient_checkpointing` (trl/models/utils.py, used by DPOTrainer and our reference
+    # pass) reads transformers 5's deprecated `model.is_gradient_checkpointing` alias: a FutureWarning each run.
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)

@@ -1,0 +1,75 @@
+"""pyproject.toml's ranges, constraints.txt's tested set and the Makefile's install line agree, and every core
+dependency is used by the code."""
+
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+CORE = [Requirement(r) for r in PROJECT["dependencies"]]
+EXTRAS = {extra: [Requirement(r) for r in reqs] for extra, reqs in PROJECT["optional-dependencies"].items()}
+LOCKED = {canonicalize_name(name): version for name, version in
+          re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M)}
+SOURCES = "\n".join(p.read_text() for d in ("train", "losses", "data_prep", "eval") for p in (ROOT / d).rglob("*.py"))
+IMPORT_NAMES = {"pillow": "PIL", "pyyaml": "yaml"}
+# used without an import of its own: the reason must still be in the code
+INDIRECT = {"peft": "get_peft_config"}
+
+
+@pytest.mark.parametrize("req", CORE + [r for reqs in EXTRAS.values() for r in reqs], ids=str)
+def test_every_dependency_is_a_range_from_the_tested_version_below_the_next_major(req):
+    lower = [s for s in req.specifier if s.operator == ">="]
+    upper = [s for s in req.specifier if s.operator == "<"]
+    assert len(req.specifier) == 2 and lower and upper, f"{req}: want >=tested,<next major"
+    tested = Version(lower[0].version)
+    assert LOCKED[canonicalize_name(req.name)] == lower[0].version, f"{req}: constraints.txt pins another version"
+    assert Version(upper[0].version) == Version(str(tested.major + 1)), f"{req}: upper bound is not the next major"
+
+
+@pytest.mark.parametrize("req", CORE, ids=lambda r: r.name)
+def test_every_core_dependency_is_used(req):
+    name = canonicalize_name(req.name)
+    if name in INDIRECT:
+        assert INDIRECT[name] in SOURCES
+        return
+    module = IMPORT_NAMES.get(name, name.replace("-", "_"))
+    assert re.search(rf"^\s*(import|from) {module}\b", SOURCES, re.M), f"{req.name} is listed but never imported"
+
+
+def test_unused_packages_are_not_listed_and_optional_ones_are_extras():
+    names = {canonicalize_name(r.name) for r in CORE}
+    assert not names & {"qwen-vl-utils", "safetensors", "wandb", "deepspeed"}
+    assert [r.name for r in EXTRAS["wandb"]] == ["wandb"] and [r.name for r in EXTRAS["deepspeed"]] == ["deepspeed"]
+
+
+def test_make_installs_the_locked_set():
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r'pip install -q -c constraints\.txt -e "\.\[dev,deepspeed,wandb\]"', makefile)
+    assert re.search(r"^\$\(STAMP\): pyproject\.toml constraints\.txt$", makefile, re.M)
+
+
+def test_this_environment_is_the_locked_set():
+    """The environment the suite runs in (make's .venv) has constraints.txt's versions of what we list."""
+    for req in CORE + EXTRAS["dev"]:
+        assert metadata.version(req.name) == LOCKED[canonicalize_name(req.name)], req.name
+
+
+def test_a_wandb_recipe_without_wandb_says_which_extra(monkeypatch):
+    from types import SimpleNamespace
+
+    from data_prep.errors import InputError
+    from losses.checkpointing import require_extras
+
+    require_extras(SimpleNamespace(report_to=["wandb"]))  # installed here (make installs the extra)
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what a core-only install looks like to find_spec
+    with pytest.raises(InputError, match=r'report_to: wandb is not installed: pip install -c constraints.txt -e "\.\[wandb\]"'):
+        require_extras(SimpleNamespace(report_to=["wandb"]))
+    require_extras(SimpleNamespace(report_to=[]))
