@@ -55,6 +55,8 @@ def test_method_trains_and_saves(script, recipe, method, tiny_model_dir, synthet
     history = launch(script, recipe, tiny_model_dir, synthetic_dir, out, log=log)
     # the arguments logged once, the start said, TRL's deprecated-alias FutureWarning filtered (data_prep/log.py)
     assert log[0].count("arguments that differ from the defaults: {") == 1, log[0][-3000:]
+    assert log[0].count("SpyTuneArguments: {") == 1 and log[0].count("ModelConfig: {") == 1  # data and model args
+    assert f'"model_name_or_path": "{tiny_model_dir}"' in log[0]
     assert f"training from the start into {out}" in log[0] and "is_gradient_checkpointing" not in log[0]
     losses = [entry["loss"] for entry in history if "loss" in entry]
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)

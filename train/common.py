@@ -4,6 +4,8 @@ Saving, the model card and publishing at the end of a run are in train/card.py."
 from __future__ import annotations
 
 import difflib
+import json
+import logging
 import os
 import re
 import sys
@@ -15,6 +17,7 @@ import yaml
 
 from data_prep.errors import InputError, read_text, unwritable
 
+logger = logging.getLogger(__name__)
 METHOD_NAMES = {"sft": "SFT", "dpo": "DPO", "nca": "NCA", "nca_p": "NCA-P"}
 
 
@@ -79,11 +82,26 @@ def parse_recipe(*dataclass_types):
         options = [option.lstrip("-") for option in parser._option_string_actions]
         raise InputError("command line", None, flag, "unknown option" + _did_you_mean(flag.lstrip("-"), options, "--"))
     try:
-        return parser.parse_args_into_dataclasses(argv)
+        parsed = parser.parse_args_into_dataclasses(argv)
     except InputError:
         raise
     except (ValueError, TypeError) as err:  # the dataclasses' own checks, e.g. TrainingArguments.__post_init__
         raise InputError(_source(), None, None, " ".join(str(err).split())) from None
+    _log_arguments(parsed)
+    return parsed
+
+
+def _log_arguments(parsed) -> None:
+    """The data and model arguments that differ from their defaults, once, from the first process (the trainer
+    logs its own training arguments)."""
+    from data_prep import log
+    from losses.checkpointing import non_default_arguments
+
+    if int(os.environ.get("RANK", "0")) == 0:
+        log.setup()
+        for args in parsed:
+            if not hasattr(args, "get_process_log_level"):  # TrainingArguments: the trainer logs those
+                logger.info("%s: %s", type(args).__name__, json.dumps(non_default_arguments(args)))
 
 
 def _read_recipe(path, actions: dict) -> dict:
