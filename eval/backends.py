@@ -31,6 +31,7 @@ from pathlib import Path
 
 from data_prep.errors import InputError
 from eval.runs import RunFile, iter_chunks
+from train.families import pixel_kwargs
 
 DEFAULT_MAX_NEW_TOKENS = 512
 
@@ -141,7 +142,7 @@ class HFGenerator(Generator):
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype == "auto":  # bf16 on GPUs; CPUs run float32 faster than bf16
             dtype = "bfloat16" if device.startswith("cuda") else "float32"
-        pixels = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+        pixels = pixel_kwargs(model, min_pixels, max_pixels, trust_remote_code=trust_remote_code)
         self.processor = AutoProcessor.from_pretrained(model, trust_remote_code=trust_remote_code, **pixels)
         self.processor.tokenizer.padding_side = "left"
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
@@ -242,7 +243,7 @@ class VLLMGenerator(Generator):
 
         self.name, self.chunk_size = str(model), chunk_size
         self.processor = AutoProcessor.from_pretrained(model, trust_remote_code=trust_remote_code)
-        mm_kwargs = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+        mm_kwargs = pixel_kwargs(model, min_pixels, max_pixels, trust_remote_code=trust_remote_code)
         self.llm = vllm.LLM(
             model=model, tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len, dtype=dtype,
             seed=seed, trust_remote_code=trust_remote_code, enable_prefix_caching=True,

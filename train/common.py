@@ -53,9 +53,15 @@ def load_model_and_processor(model_args, script_args: SpyTuneArguments, training
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import get_quantization_config
 
+    from train.families import pixel_kwargs
+
     trust = training_args.trust_remote_code
-    pixel_bounds = {k: v for k, v in (("min_pixels", script_args.min_pixels), ("max_pixels", script_args.max_pixels))
-                    if v is not None}
+    try:
+        pixel_bounds = pixel_kwargs(model_args.model_name_or_path, script_args.min_pixels, script_args.max_pixels,
+                                    revision=model_args.model_revision, trust_remote_code=trust)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     processor = AutoProcessor.from_pretrained(
         model_args.model_name_or_path, revision=model_args.model_revision, trust_remote_code=trust, **pixel_bounds
     )
@@ -112,14 +118,17 @@ def _recipe_dict(*configs) -> dict:
 
 
 def write_model_card(output_dir, method: str, base_model: str, script_args, training_args, model_args,
-                     train_metrics: dict | None = None) -> Path:
-    """README.md with Hub metadata: base model, method, recipe, data and the metrics known so far."""
+                     train_metrics: dict | None = None, model_type: str = "qwen2_vl") -> Path:
+    """README.md with Hub metadata: base model, method, recipe, data and the metrics known so far; the family
+    tag comes from the model config's `model_type`."""
     from huggingface_hub import ModelCard, ModelCardData
+
+    from train.families import family_tag
 
     recipe = _recipe_dict(script_args, training_args, model_args)
     card_data = ModelCardData(
         base_model=base_model, library_name="transformers", pipeline_tag="image-text-to-text",
-        tags=["privacy-align", method, "trl", "qwen2-vl", "privacy"], datasets=[script_args.dataset_name],
+        tags=["privacy-align", method, "trl", family_tag(model_type), "privacy"], datasets=[script_args.dataset_name],
     )
     metrics = ""
     if train_metrics:
@@ -174,7 +183,7 @@ def finish(trainer, method: str, script_args, training_args, model_args) -> None
     logged = [entry for entry in trainer.state.log_history if "loss" in entry or "train_loss" in entry]
     train_metrics = {k: v for entry in logged[-1:] for k, v in entry.items()}
     write_model_card(training_args.output_dir, method, model_args.model_name_or_path, script_args, training_args,
-                     model_args, train_metrics)
+                     model_args, train_metrics, trainer.accelerator.unwrap_model(trainer.model).config.model_type)
     with open(Path(training_args.output_dir) / "train_metrics.json", "w") as f:
         json.dump(trainer.state.log_history, f, indent=1)
     if training_args.push_to_hub:
