@@ -141,6 +141,7 @@ def _qwen_family(config_class, model_class, processor_class, video_processor_cla
 def _gemma3(corpus, vocab_size, hidden, layers, heads, kv_heads, vision_depth, vision_embed, min_pixels, max_pixels,
             moe):
     """Gemma 3: a SigLIP tower on a fixed square image, pooled to `mm_tokens_per_image` soft tokens."""
+    import torch
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessor, Gemma3Processor
 
     if min_pixels or max_pixels:
@@ -163,7 +164,8 @@ def _gemma3(corpus, vocab_size, hidden, layers, heads, kv_heads, vision_depth, v
         text_config=dict(
             vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
             num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-            query_pre_attn_scalar=head_dim, max_position_embeddings=4096, sliding_window=64,
+            query_pre_attn_scalar=head_dim, max_position_embeddings=4096, sliding_window=512,
+            layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"],  # 5:1 at 4B; the last is global
             bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"], pad_token_id=ids["<pad>"],
         ),
         vision_config=dict(model_type="siglip_vision_model", hidden_size=vision_embed,
@@ -173,6 +175,9 @@ def _gemma3(corpus, vocab_size, hidden, layers, heads, kv_heads, vision_depth, v
         image_token_index=ids["<image_soft_token>"],
     )
     model = Gemma3ForConditionalGeneration(config)
+    # Gemma 3 initialises the image projection to zeros (images would be invisible and the vision tower would get
+    # no gradient until the projection moved); a released checkpoint's projection is trained, so make it random.
+    torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=0.02)
     model.generation_config.eos_token_id = [ids["<end_of_turn>"], ids["<eos>"]]
     model.generation_config.pad_token_id = ids["<pad>"]
     model.generation_config.bos_token_id = ids["<bos>"]
