@@ -167,8 +167,8 @@ class HFGenerator(Generator):
 
         texts = [self.processor.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True)
                  for r in batch]
-        flat = [image for request_images in images for image in request_images]
-        inputs = self.processor(text=texts, images=flat or None, padding=True, return_tensors="pt")
+        # One list of images per text: Gemma 3's processor matches them per prompt, Qwen's accept either layout.
+        inputs = self.processor(text=texts, images=images if any(images) else None, padding=True, return_tensors="pt")
         inputs = inputs.to(self.device, dtype=self.model.dtype)  # only floating tensors (pixels) are cast
         with torch.inference_mode():
             out = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False,
