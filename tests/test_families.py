@@ -123,3 +123,29 @@ def test_gemma3_refuses_pixel_bounds(tiny_family_dir, synthetic_dir, tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: {directory}: max_pixels: gemma3 resizes every image to one fixed size and has no "
                       "min_pixels/max_pixels; remove them"]
+
+
+RECIPE_PATCHES = {"recipes": 14, "qwen2.5-vl-7b": 14, "qwen3-vl-8b": 16}  # the base model's vision patch size
+
+
+@pytest.mark.parametrize("recipe", sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("recipes/*/*.yaml")
+                                          if p.parent.name != "demo") + sorted(
+                                              str(p.relative_to(ROOT)) for p in ROOT.glob("recipes/*.yaml")))
+def test_recipes_parse_and_keep_the_papers_image_tokens(recipe, monkeypatch):
+    """Every base model's recipes parse with their entry script's arguments and give 256-1,280 image tokens."""
+    from trl import ModelConfig, SFTConfig
+
+    from losses.nca_p_trainer import NCAPConfig
+    from losses.vision_dpo_trainer import VisionDPOConfig
+    from train.common import SpyTuneArguments, parse_recipe
+
+    path = ROOT / recipe
+    config = {"sft": SFTConfig, "dpo": VisionDPOConfig, "nca": VisionDPOConfig, "nca_p": NCAPConfig}[path.stem]
+    monkeypatch.setattr(sys, "argv", ["train.py", str(path), "--bf16", "false", "--tf32", "false"])  # no GPU here
+    script_args, training_args, model_args = parse_recipe(SpyTuneArguments, config, ModelConfig)
+    block = 2 * RECIPE_PATCHES[path.parent.name]
+    assert (script_args.min_pixels // block**2, script_args.max_pixels // block**2) == (256, 1280)
+    folder = path.parent.name if path.parent.name != "recipes" else "qwen2-vl-7b"
+    assert model_args.model_name_or_path.lower().replace("-instruct", "").endswith(folder)
+    assert folder in training_args.output_dir and folder in training_args.run_name
+    assert training_args.per_device_train_batch_size == 4 and training_args.num_train_epochs == 3
