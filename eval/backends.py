@@ -30,8 +30,8 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 from data_prep.errors import InputError
+from data_prep.families import pixel_kwargs
 from eval.runs import RunFile, iter_chunks
-from train.families import pixel_kwargs
 
 DEFAULT_MAX_NEW_TOKENS = 512
 

@@ -4,7 +4,7 @@ DPO (`loss_type: sigmoid`) and NCA (`loss_type: nca_pair`) use TRL's own loss co
 only what TRL does not support for vision datasets:
 
 - `shared_vision` (default on): the collator keeps each image once and the backbone encodes it once per model
-  per step (losses/shared_vision.py). Families that cannot share (train/families.py) train on the plain path,
+  per step (losses/shared_vision.py). Families that cannot share (data_prep/families.py) train on the plain path,
   with one warning.
 - `precompute_ref_log_probs`: TRL refuses it for vision datasets. Here one pass before training stores the
   reference log-probabilities of every row in a column `ref_logps`, cached on disk under
@@ -33,10 +33,10 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
 from trl.trainer.utils import use_adapter
 
+from data_prep.families import supports_shared_vision
 from losses.checkpointing import HubFormatResumeMixin
 from losses.fingerprint import weights_fingerprint
 from losses.shared_vision import enable_shared_vision, share_images
-from train.families import supports_shared_vision
 
 logger = logging.get_logger(__name__)
 

@@ -1,4 +1,4 @@
-"""Every supported family (train/families.py), on its tiny random model:
+"""Every supported family (data_prep/families.py), on its tiny random model:
 
 - `python -m train.tiny_model DIR --family F` writes a model and processor that load through the Auto classes,
   with the family's own chat template and architecture (Qwen3-VL's deepstack, Qwen3-VL-MoE's experts);
@@ -17,8 +17,8 @@ import pytest
 from PIL import Image
 
 from data_prep.errors import InputError
-from train.families import FAMILIES as FAMILY_FACTS
-from train.families import family_tag, pixel_kwargs
+from data_prep.families import FAMILIES as FAMILY_FACTS
+from data_prep.families import family_tag, pixel_kwargs
 from train.tiny_model import ASSETS, FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from data_prep.families import family_tag
 from train.common import METHOD_NAMES
-from train.families import family_tag
 from train.tiny_model import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -53,7 +53,7 @@ def load_model_and_processor(model_args, script_args: SpyTuneArguments, training
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import get_quantization_config
 
-    from train.families import pixel_kwargs
+    from data_prep.families import pixel_kwargs
 
     trust = training_args.trust_remote_code
     try:
@@ -123,7 +123,7 @@ def write_model_card(output_dir, method: str, base_model: str, script_args, trai
     tag comes from the model config's `model_type`."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    from train.families import family_tag
+    from data_prep.families import family_tag
 
     recipe = _recipe_dict(script_args, training_args, model_args)
     card_data = ModelCardData(

@@ -185,7 +185,7 @@ def _gemma3(corpus, vocab_size, hidden, layers, heads, kv_heads, vision_depth, v
 
 
 # family -> builder(corpus, vocab_size, hidden, layers, heads, kv_heads, vision_depth, vision_embed, min_pixels,
-# max_pixels, moe) -> (model, processor). The keys are the families' `model_type`s (train/families.py).
+# max_pixels, moe) -> (model, processor). The keys are the families' `model_type`s (data_prep/families.py).
 FAMILIES = {
     "qwen2_vl": _qwen_family("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor",
                              "Qwen2VLVideoProcessor", "qwen2_vl_chat_template.jinja", 14),
