@@ -149,3 +149,25 @@ def test_recipes_parse_and_keep_the_papers_image_tokens(recipe, monkeypatch):
     assert model_args.model_name_or_path.lower().replace("-instruct", "").endswith(folder)
     assert folder in training_args.output_dir and folder in training_args.run_name
     assert training_args.per_device_train_batch_size == 4 and training_args.num_train_epochs == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3_vl", "gemma3"])
+def test_spy_bench_generation_uses_each_familys_processor(family, tiny_family_dir, synthetic_dir, tmp_path, capsys):
+    """`python -m eval spy generate` with the hf backend: the family's template and processor, its pixel bounds."""
+    from eval.__main__ import main as eval_main
+    from eval.runs import read_jsonl
+
+    directory, out = tiny_family_dir(family), tmp_path / "run.jsonl"
+    base = ["spy", "generate", "--items", str(synthetic_dir / "questions.json"), "--images", str(synthetic_dir),
+            "--model", str(directory), "--backend", "hf", "--limit", "6", "--max-new-tokens", "3", "--batch-size", "3",
+            "--distractors"]
+    if family == "gemma3":
+        assert eval_main([*base, "--out", str(tmp_path / "refused.jsonl"), "--min-pixels", "200704"]) == 2
+        assert "gemma3 resizes every image to one fixed size" in capsys.readouterr().err
+        assert not (tmp_path / "refused.jsonl").exists()
+    else:
+        base += ["--min-pixels", str(64 * 64), "--max-pixels", str(128 * 128)]
+    assert eval_main([*base, "--out", str(out)]) == 0
+    records = read_jsonl(out)
+    assert len(records) == 6 and all(isinstance(r["response"], str) and "error" not in r for r in records)
