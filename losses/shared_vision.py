@@ -5,8 +5,8 @@ every sequence, so the vision tower runs 2x / 4x per model per step. Here the co
 once and adds `image_index` (one entry per image slot of the batch, pointing at its unique image), and the
 Qwen backbone (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) encodes the unique images and hands the features
 to every slot through `mm_encoder_outputs`. Qwen3-VL also feeds each image's deepstack features (one per
-listed vision block) into the first language layers; they are indexed onto the slots the same way. It all happens inside the model's forward, so DDP and DeepSpeed hooks see every
-parameter, and the backward pass sums each image's gradient over the sequences that used it: losses and
+listed vision block) into the first language layers; they are indexed onto the slots the same way. It all
+happens inside the model's forward, so DDP and DeepSpeed hooks see every parameter, and the backward pass sums each image's gradient over the sequences that used it: losses and
 gradients equal those of the repeated computation.
 """
 
@@ -25,10 +25,12 @@ class SharedImagesMixin:
         pixel_values, image_grid_thw = kwargs.pop("pixel_values"), kwargs.pop("image_grid_thw")
         features = self.get_image_features(pixel_values, image_grid_thw, return_dict=True)
         slots = image_index.tolist()
-        shared = BaseModelOutputWithPooling(pooler_output=tuple(features.pooler_output[i] for i in slots))
+        pooled = tuple(features.pooler_output[i] for i in slots)
         deepstack = getattr(features, "deepstack_features", None)
-        if deepstack is not None:  # Qwen3-VL: per layer, a tuple of per-image features
-            shared = type(features)(pooler_output=shared.pooler_output,
+        if deepstack is None:
+            shared = BaseModelOutputWithPooling(pooler_output=pooled)
+        else:  # Qwen3-VL: per listed vision block, a tuple of per-image features
+            shared = type(features)(pooler_output=pooled,
                                     deepstack_features=[tuple(layer[i] for i in slots) for layer in deepstack])
         return super().forward(*args, image_grid_thw=image_grid_thw[image_index], mm_encoder_outputs={"image": shared},
                                **kwargs)
