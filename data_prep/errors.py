@@ -15,11 +15,81 @@ class InputError(ValueError):
         super().__init__(f"{location}: {field}: {message}" if field else f"{location}: {message}")
 
 
+def new_file_mode() -> int:
+    """The mode of a newly created file (0666 less the umask): what outputs get, not mkstemp's 0600."""
+    import os
+
+    try:  # Linux says it without changing it (setting it, even back, races with other threads)
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def unwritable(path, is_folder: bool = False) -> str | None:
+    """Why `path` (an output file, or an output folder) cannot be created or written, or None if it can."""
+    import os
+
+    path = Path(path)
+    parent = path if is_folder else path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot be created: {parent} is a file, not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be written: no write permission in {parent}"
+    if not is_folder and path.is_file() and not os.access(path, os.W_OK):
+        return "cannot be written: the file is read-only"
+    return None
+
+
 def read_json(path):
     """A whole JSON file; a missing file or bad JSON raises InputError naming the file (and the line)."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(path, None, None, "file not found") from None
+        return json.loads(read_text(path))
     except json.JSONDecodeError as err:
         raise InputError(path, err.lineno, None, f"not valid JSON ({err.msg})") from None
+
+
+def read_text(path) -> str:
+    """A whole UTF-8 text file; a missing, unreadable or non-UTF-8 file raises InputError naming the file
+    (and, for bad bytes, their byte offset)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(path, None, None, "file not found") from None
+    except IsADirectoryError:
+        raise InputError(path, None, None, "is a folder, not a file") from None
+    except OSError as err:
+        raise InputError(path, None, None, f"cannot read ({err.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise InputError(path, line, None, f"not UTF-8 text (byte offset {err.start})") from None
+
+
+def check_image(path, where=None, field=None, source=None) -> None:
+    """Decode an image file fully (opening reads only the header), so a file that is not an image, or is
+    truncated, is bad input here rather than a failure later. Errors name `source` (the file that refers to
+    the image, with `where` / `field`) when given, else the image."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+    except FileNotFoundError:
+        problem = "image not found"
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        problem = f"not a readable image ({type(err).__name__})"
+    else:
+        return
+    if source is None:
+        raise InputError(path, None, None, problem)
+    raise InputError(source, where, field, f"{problem}: {path}")

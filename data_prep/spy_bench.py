@@ -22,7 +22,7 @@ import json
 import re
 from pathlib import Path
 
-from data_prep.errors import InputError
+from data_prep.errors import InputError, check_image, read_text
 from data_prep.spy import INSTRUCT_TEMPLATES, SAFE_LABEL, compose_prompt, instruction_block, label2text
 
 
@@ -58,9 +58,7 @@ def load_items(path) -> list[tuple[object, dict]]:
     """`(where, item)` pairs from a released `questions.json` (`{"benchmark_list": [...]}`), a JSON list, or
     JSON Lines; `where` is the line the item starts on."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(path, None, None, "file not found")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     if path.suffix == ".jsonl":
         items = []
         for lineno, line in enumerate(text.splitlines(), 1):
@@ -120,8 +118,8 @@ def check_item(item, where, path, distractors: bool, images_dir=None) -> dict[st
     for field in ("image_path", "question"):
         if not isinstance(question.get(field), str) or not question[field]:
             fail(f"question_item.{field}", "missing or not a string")
-    if images_dir is not None and not (Path(images_dir) / question["image_path"]).is_file():
-        fail("question_item.image_path", f"image not found: {Path(images_dir) / question['image_path']}")
+    if images_dir is not None:
+        check_image(Path(images_dir) / question["image_path"], where, "question_item.image_path", source=path)
     templates = item.get("instruct_templates", INSTRUCT_TEMPLATES)
     if (not isinstance(templates, (list, tuple)) or len(templates) != 2
             or not all(isinstance(t, str) and t.count("{}") == 1 for t in templates)):
@@ -198,7 +196,7 @@ def expand_item(item: dict, distractors: bool = False, texts: dict[str, str] | N
 
 
 def build_samples(items_path, images_dir=None, distractors: bool = False) -> list[dict]:
-    """Check every item (and, given `images_dir`, that its image exists), then expand them all."""
+    """Check every item (and, given `images_dir`, that its image decodes), then expand them all."""
     items = load_items(items_path)
     checked, ids = [], set()
     for where, item in items:

@@ -12,66 +12,145 @@ SFT rows are prompt-completion pairs, so TRL trains on the answer only: the syst
 instructions, the question and the image tokens are not trained on (the reference trained on all of them).
 Variant 0 is the non-private instruction, 1 the private one. Conversational messages hold plain strings;
 TRL inserts the image block before the first user turn.
+
+Every item is checked before any row is built: required strings are non-empty strings, labels are known,
+templates have their `{}` slot, and each image is decoded in full. To check a file without training (exit 0
+and a one-line summary, or exit 2 and the first problems, one per line, naming file, record and field):
+
+    python -m data_prep.spy_tune validate data/spy-tune/train_data.json --images data/spy-tune
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import random
+import sys
 from pathlib import Path
-
-from datasets import Dataset, Image, List
+from typing import TYPE_CHECKING
 
 from data_prep import spy
-from data_prep.errors import InputError, read_json
+from data_prep.errors import InputError, check_image, read_json
+
+if TYPE_CHECKING:
+    import datasets
 
 ITEM_FIELDS = ("benchmark_id", "label", "question_item", "non_privacy_scenarios", "privacy_scenarios")
 QUESTION_FIELDS = ("image_path", "question", "respond_ans", "reject_ans")
-SCENARIO_FIELDS = ("scenario", "2nd_person_template")
 
 
 def load_label_texts(path=None) -> dict[str, str]:
     if path is None:
         return spy.label2text()
     texts = read_json(path)
+    if not isinstance(texts, dict) or not all(isinstance(v, str) and v for v in texts.values()):
+        raise InputError(path, None, None, "expected an object of label -> text")
     texts.pop(spy.SAFE_LABEL, None)
     return texts
 
 
 def load_items(path, image_folder, label_texts: dict[str, str] | None = None) -> list[dict]:
     """The validated items of a SPY-Tune JSON file (`{"data_list": [...]}`); the first problem raises InputError."""
+    items, problems = check_file(path, image_folder, label_texts)
+    if problems:
+        raise problems[0]
+    return items
+
+
+def check_file(path, image_folder, label_texts: dict[str, str] | None = None) -> tuple[list, list[InputError]]:
+    """(items, the first problem of each bad item). A file that cannot be read as SPY-Tune at all raises."""
     path, image_folder = Path(path), Path(image_folder)
     label_texts = label_texts or spy.label2text()
     data = read_json(path)
+    if not image_folder.is_dir():
+        raise InputError(image_folder, None, None, "image folder not found")
     items = data.get("data_list") if isinstance(data, dict) else None
     if not isinstance(items, list):
         raise InputError(path, None, "data_list", "missing: expected {\"data_list\": [items]}")
+    if not items:
+        raise InputError(path, None, "data_list", "no items")
+    problems, decoded = [], set()
     for index, item in enumerate(items):
-        where = f"record {index}"
-        if not isinstance(item, dict):
-            raise InputError(path, where, None, "expected a JSON object")
-        for field in ITEM_FIELDS:
-            if field not in item:
-                raise InputError(path, where, field, "missing field")
-        q = item["question_item"]
-        for field in QUESTION_FIELDS:
-            if field not in q:
-                raise InputError(path, where, f"question_item.{field}", "missing field")
-        if item["label"] not in label_texts:
-            raise InputError(path, where, "label", f"unknown label {item['label']!r}")
-        other = item.get("other_labels") or {}
-        for key, value in other.items():
-            if key not in label_texts:
-                raise InputError(path, where, f"other_labels.{key}", "unknown label")
-            if key != item["label"] and value not in (0, 1):
-                raise InputError(path, where, f"other_labels.{key}", f"expected 0 or 1, got {value!r}")
-        for kind in ("non_privacy_scenarios", "privacy_scenarios", "chosen_scenarios"):
-            for n, scenario in enumerate(item.get(kind) or []):
-                for field in SCENARIO_FIELDS:
-                    if field not in scenario:
-                        raise InputError(path, where, f"{kind}[{n}].{field}", "missing field")
-        if not (image_folder / q["image_path"]).is_file():
-            raise InputError(path, where, "question_item.image_path", f"image not found: {image_folder / q['image_path']}")
-    return items
+        try:
+            check_item(item, path, f"record {index}", label_texts, image_folder, decoded)
+        except InputError as problem:
+            problems.append(problem)
+    return items, problems
+
+
+def _text_problem(container: dict, field: str) -> str | None:
+    """A required string: present, a string, not blank (null would train on the text "None")."""
+    if field not in container:
+        return "missing field"
+    value = container[field]
+    if not isinstance(value, str) or not value.strip():
+        return f"expected a non-empty string, got {json.dumps(value)}"
+    return None
+
+
+def _template_problem(value) -> str | None:
+    try:
+        if isinstance(value, str) and value.count("{}") == 1:
+            value.format("")
+            return None
+    except (ValueError, IndexError, KeyError):
+        pass
+    return "expected a string with one {} slot"
+
+
+def check_item(item, path, where, label_texts: dict[str, str], image_folder: Path, decoded: set[Path]) -> None:
+    """Raise InputError on the first problem of one item; `decoded` holds the images already checked."""
+    def fail(field, message):
+        raise InputError(path, where, field, message)
+
+    if not isinstance(item, dict):
+        fail(None, "expected a JSON object")
+    for field in ITEM_FIELDS:
+        if field not in item:
+            fail(field, "missing field")
+    label = item["label"]
+    if not isinstance(label, str) or label not in label_texts:
+        fail("label", f"unknown label {label!r}")
+    q = item["question_item"]
+    if not isinstance(q, dict):
+        fail("question_item", "expected a JSON object")
+    for field in QUESTION_FIELDS:
+        if problem := _text_problem(q, field):
+            fail(f"question_item.{field}", problem)
+    if q["respond_ans"] == q["reject_ans"]:
+        fail("question_item.reject_ans", "the same text as respond_ans: nothing to prefer")
+    other = item.get("other_labels") or {}
+    if not isinstance(other, dict):
+        fail("other_labels", "expected an object of label -> 0/1")
+    if other and label not in other:  # the prompt would lack the item's own instruction
+        fail("other_labels", f"does not list the item's label {label!r}")
+    for key, value in other.items():
+        if key not in label_texts:
+            fail(f"other_labels.{key}", "unknown label")
+        if key != label and (isinstance(value, bool) or value not in (0, 1)):
+            fail(f"other_labels.{key}", f"expected 0 or 1, got {json.dumps(value)}")
+    templates = item.get("instruct_templates")
+    if templates is not None:
+        if not isinstance(templates, list) or len(templates) != 2:
+            fail("instruct_templates", "expected two strings, each with one {} slot")
+        for j, template in enumerate(templates):
+            if problem := _template_problem(template):
+                fail(f"instruct_templates[{j}]", problem)
+    for kind in ("non_privacy_scenarios", "privacy_scenarios", "chosen_scenarios"):
+        scenarios = item.get(kind, [])
+        if not isinstance(scenarios, list):
+            fail(kind, "expected a list")
+        for n, scenario in enumerate(scenarios):
+            if not isinstance(scenario, dict):
+                fail(f"{kind}[{n}]", "expected a JSON object")
+            if problem := _text_problem(scenario, "scenario"):
+                fail(f"{kind}[{n}].scenario", problem)
+            if problem := _template_problem(scenario.get("2nd_person_template")):
+                fail(f"{kind}[{n}].2nd_person_template", problem)
+    image = image_folder / q["image_path"]
+    if image not in decoded:
+        check_image(image, where, "question_item.image_path", source=path)
+        decoded.add(image)
 
 
 def _prompts(item: dict, texts: dict[str, str], add_distractors: bool, scenario: dict | None) -> tuple[str, str]:
@@ -152,8 +231,10 @@ def build_dataset(
     shuffle: bool = True,
     seed: int = 42,
     num_samples: int | None = None,
-) -> Dataset:
+) -> datasets.Dataset:
     """The training (or evaluation) dataset of one method, images decoded lazily from `image_folder`."""
+    from datasets import Dataset, Image, List  # here, so `validate` starts without importing datasets
+
     texts = load_label_texts(label_path)
     items = load_items(data_path, image_folder, texts)
     rows = []
@@ -166,3 +247,34 @@ def build_dataset(
     if num_samples is not None:
         rows = rows[:num_samples]
     return Dataset.from_list(rows).cast_column("images", List(Image()))
+
+
+MAX_SHOWN = 20
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m data_prep.spy_tune", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    validate = commands.add_parser("validate", help="check a SPY-Tune file and its images, without training")
+    validate.add_argument("file", help="SPY-Tune JSON ({\"data_list\": [...]})")
+    validate.add_argument("--images", required=True, help="the folder that the items' image_path values are relative to")
+    validate.add_argument("--labels", help="label2text.json (default: the bundled copy)")
+    args = parser.parse_args(argv)
+    try:
+        items, problems = check_file(args.file, args.images, load_label_texts(args.labels))
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for problem in problems[:MAX_SHOWN]:
+        print(f"error: {problem}", file=sys.stderr)
+    if len(problems) > MAX_SHOWN:
+        print(f"error: {args.file}: {len(problems) - MAX_SHOWN} more bad items not shown", file=sys.stderr)
+    if problems:
+        return 2
+    images = len({item["question_item"]["image_path"] for item in items})
+    print(f"{args.file}: {len(items)} items, {images} images: OK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from data_prep.errors import InputError
 from data_prep.spy import label2text, scenarios
 
 COLOURS = {
@@ -185,6 +187,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--image-size", type=int, default=56)
     args = parser.parse_args(argv)
+    try:
+        for name in ("train_per_label", "test_per_label", "image_size"):
+            if getattr(args, name) < 1:
+                raise InputError("command line", None, f"--{name.replace('_', '-')}",
+                                 f"must be at least 1, got {getattr(args, name)}")
+        try:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # under a file, or no permission
+            raise InputError(args.out, None, "--out", f"cannot create the folder ({err.strerror})") from None
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     out = build(args.out, args.train_per_label, args.test_per_label, args.seed, args.image_size)
     print(f"wrote synthetic SPY-Tune / SPY-Bench to {out}")
 

@@ -24,6 +24,7 @@ import json
 import os
 import queue
 import random
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from email.utils import parsedate_to_datetime
@@ -138,8 +139,8 @@ class HFGenerator(Generator):
 
         self.name = str(model)
         self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "auto":  # one GPU per process under a multi-process launch
+            device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu"
         if dtype == "auto":  # bf16 on GPUs; CPUs run float32 faster than bf16
             dtype = "bfloat16" if device.startswith("cuda") else "float32"
         pixels = pixel_kwargs(model, min_pixels, max_pixels, trust_remote_code=trust_remote_code)
@@ -229,7 +230,7 @@ class VLLMGenerator(Generator):
     """
 
     def __init__(self, model: str, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, tensor_parallel_size: int = 1,
-                 max_model_len: int | None = 4096, min_pixels: int | None = None, max_pixels: int | None = None,
+                 data_parallel_size: int = 1, max_model_len: int | None = 4096, min_pixels: int | None = None, max_pixels: int | None = None,
                  trust_remote_code: bool = False, dtype: str = "auto", seed: int = 0, chunk_size: int = 1024,
                  images_per_prompt: int = 1, gpu_memory_utilization: float = 0.9, **engine_args):
         try:
@@ -245,7 +246,8 @@ class VLLMGenerator(Generator):
         self.processor = AutoProcessor.from_pretrained(model, trust_remote_code=trust_remote_code)
         mm_kwargs = pixel_kwargs(model, min_pixels, max_pixels, trust_remote_code=trust_remote_code)
         self.llm = vllm.LLM(
-            model=model, tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len, dtype=dtype,
+            model=model, tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
+            max_model_len=max_model_len, dtype=dtype,
             seed=seed, trust_remote_code=trust_remote_code, enable_prefix_caching=True,
             limit_mm_per_prompt={"image": images_per_prompt}, gpu_memory_utilization=gpu_memory_utilization,
             **({"mm_processor_kwargs": mm_kwargs} if mm_kwargs else {}), **engine_args,
@@ -285,22 +287,69 @@ class OpenAIGenerator(Generator):
 BACKENDS: dict[str, type[Generator]] = {"hf": HFGenerator, "vllm": VLLMGenerator, "openai": OpenAIGenerator}
 
 
+def process_group() -> tuple[int, int]:
+    """(rank, world size) under `accelerate launch` or torchrun; (0, 1) in a plain process."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class DataParallel(Generator):
+    """Data-parallel generation under N processes (`accelerate launch ... -m eval ...`): the requests go in rounds
+    of N x `round_size`; in each round process r generates requests r, r + N, ... and every process receives the
+    whole round's results, in request order. So the code after generation is the same in every process, and the
+    first process alone writes (eval/runs.py); a killed run loses at most the round in flight."""
+
+    def __init__(self, inner: Generator, round_size: int):
+        import torch
+        from accelerate import PartialState
+
+        PartialState(cpu=not torch.cuda.is_available())  # the process group that gather_object uses
+        self.inner, self.round_size, self.name = inner, round_size, getattr(inner, "name", "")
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def generate(self, requests: list[dict]) -> Iterator[dict]:
+        from accelerate.utils import gather_object
+
+        rank, world = process_group()
+        own = 0
+        for start in range(0, len(requests), world * self.round_size):
+            chunk = requests[start:start + world * self.round_size]
+            mine = chunk[rank::world]
+            own += len(mine)
+            results = gather_object(list(self.inner.generate(mine)) if mine else [])
+            position = {str(r["id"]): i for i, r in enumerate(chunk)}
+            yield from sorted(results, key=lambda r: position[str(r["id"])])
+        print(f"process {rank + 1} of {world}: generated {own} of {len(requests)} requests", file=sys.stderr,
+              flush=True)
+
+
 def load_generator(backend: str, model: str, **options) -> Generator:
     """A Generator for `model` on `backend` ("hf", "vllm" or "openai"); options go to its constructor."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    return BACKENDS[backend](model, **options)
+    try:
+        generator = BACKENDS[backend](model, **options)
+    except OSError as err:  # transformers' word for a model that is not there (no such folder, not on the Hub)
+        if backend == "openai":
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError("--model", None, None, f"cannot load {model!r}: {first}") from None
+    if process_group()[1] > 1:
+        return DataParallel(generator, round_size=4 * options.get("batch_size", 8))
+    return generator
 
 
 def generate_run(generator: Generator, requests: list[dict], out_path, meta: dict | None = None,
-                 progress: bool = True) -> list[dict]:
+                 progress: bool = True, header: dict | None = None, new_run: bool = False) -> list[dict]:
     """Generate every request not yet done in the run file at `out_path`, appending one line per finished
     request (`{**meta[id], "id": id, "response": text}`, plus `"error"` if it failed for good), then
-    rewrite the file in request order. Killing it and running it again loses and duplicates nothing."""
+    rewrite the file in request order. Killing it and running it again loses and duplicates nothing.
+    `header` / `new_run`: what makes the answers, checked against an existing file (see RunFile)."""
     from tqdm.auto import tqdm
 
     meta = meta or {}
-    run = RunFile(out_path)
+    run = RunFile(out_path, header=header, new_run=new_run)
     pending = run.pending(requests)
     wanted = {str(r["id"]): r["id"] for r in pending}
     done = set()
@@ -395,6 +444,8 @@ class ChatClient:
                  concurrency: int = 8, max_retries: int = 6, timeout: float = 60.0, max_tokens: int | None = 512,
                  temperature: float | None = 0.0, backoff: float = 1.0, max_backoff: float = 60.0,
                  max_tokens_field: str = "max_tokens", extra_body: dict | None = None):
+        if concurrency < 1:  # no request would ever be sent: the run would wait forever
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.model, self.base_url, self.api_key_env = model, base_url, api_key_env
         self.concurrency, self.max_retries, self.timeout = concurrency, max_retries, timeout
         self.backoff, self.max_backoff = backoff, max_backoff

@@ -30,9 +30,12 @@ def _figure(width: float, height: float):
 
 
 def _save(figure, path) -> Path:
+    from eval.runs import is_main_process
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
+    if is_main_process():  # every process of a data-parallel run reaches here; one writes
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, dpi=120)
     return path
 
 

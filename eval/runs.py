@@ -1,54 +1,76 @@
 """Resumable, crash-safe JSON Lines run files, and atomic JSON outputs.
 
 A run file holds one JSON object per finished sample, keyed by a string id. Steps append a line as each
-sample finishes and flush it to disk, so a killed run loses at most the line being written. Opening the
-file again drops such a torn last line; `pending` returns what is left to do. A record that carries an
+sample finishes and flush it to disk, so a killed run loses at most the line being written. The next
+append after a resume drops such a torn last line (opening never changes a file); `pending` returns what is left to do. A record that carries an
 `error` (its request failed for good) is kept in the file but counts as pending, so a re-run retries it;
 the newer line for an id supersedes the older one. `finalize` rewrites the file once, atomically, in the
 order of the inputs and without superseded lines, so an interrupted-and-resumed run ends with exactly the
-file an uninterrupted run writes.
+file an uninterrupted run writes. A run file's first line is a header recording what made it (see RunFile).
+
+Below them, the checks every command makes before it loads a model or writes anything: outputs that are
+inputs or cannot be written (`check_outputs`), and numeric options (`int_at_least`, `positive_float`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from data_prep.errors import InputError
+from data_prep.errors import InputError, new_file_mode, read_text, unwritable
+
+HEADER = "run_header"  # the first line of a run file, `{"run_header": {...}}`: what made the run
+
+
+def _parse_lines(path, lines, required: Iterable[str] = (), first: int = 1):
+    """(header or None, records) of JSON Lines text lines; a bad line raises InputError."""
+    header, records = None, []
+    for lineno, line in enumerate(lines, first):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(path, lineno, None, f"not valid JSON ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise InputError(path, lineno, None, "expected a JSON object")
+        if lineno == 1 and list(record) == [HEADER] and isinstance(record[HEADER], dict):
+            header = record[HEADER]
+            continue
+        for field in required:
+            if field not in record:
+                raise InputError(path, lineno, field, "missing field")
+        records.append(record)
+    return header, records
 
 
 def read_jsonl(path, required: Iterable[str] = ()) -> list[dict]:
-    """Every object of a JSON Lines file; a bad line or a missing required field raises InputError."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(path, None, None, "file not found")
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InputError(path, lineno, None, f"not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise InputError(path, lineno, None, "expected a JSON object")
-            for field in required:
-                if field not in record:
-                    raise InputError(path, lineno, field, "missing field")
-            records.append(record)
-    return records
+    """Every object of a JSON Lines file (a run file's header line left out); a bad line, a missing
+    required field or bytes that are not UTF-8 raise InputError."""
+    return _parse_lines(path, read_text(path).split("\n"), required)[1]
+
+
+def is_main_process() -> bool:
+    """False in every process but the first of a multi-process launch (`accelerate launch`, torchrun): under data-
+    parallel generation every process holds all results (eval/backends.py gathers them) and the first one writes."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def write_text(path, text: str) -> None:
-    """Write a text file atomically (temporary file + rename): readers see the old file or the new one."""
+    """Write a text file atomically (temporary file + rename): readers see the old file or the new one.
+    The file gets the permissions of any newly created file (0666 less the umask), not mkstemp's 0600."""
+    if not is_main_process():
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, new_file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -70,25 +92,76 @@ def write_jsonl(path, records: Iterable[dict]) -> None:
 
 
 class RunFile:
-    """An append-only JSON Lines file of finished samples, keyed by `key` (default `id`)."""
+    """An append-only JSON Lines file of finished samples, keyed by `key` (default `id`).
 
-    def __init__(self, path, key: str = "id"):
+    `header` describes what makes the answers (model, backend, judge, settings that change answers): a new
+    file starts with it, and an existing file with another header is refused, naming the first setting that
+    differs, unless `new_run` (the user's explicit --new-run) starts it over. A file without a header (written
+    before headers existed) is checked against the settings its records carry, and gains the header when
+    rewritten.
+    Opening never changes the file: a torn last line is cut only when something is appended, i.e. after the
+    command has checked all its input; a last line that is complete but lacks its newline is kept."""
+
+    def __init__(self, path, key: str = "id", header: dict | None = None, new_run: bool = False):
         self.path = Path(path)
         self.key = key
+        self.header = header
         self._records: dict[str, dict] = {}
+        self._restart = header is not None  # write a fresh file (header line) before the first append
+        self._cut: int | None = None  # byte length to truncate to (a torn tail) before the first append
+        self._newline = False  # the last line is whole but lacks its newline: add it before appending
         if self.path.exists():
-            self._drop_torn_tail()
-            for lineno, record in enumerate(read_jsonl(self.path), 1):
-                if key not in record:
-                    raise InputError(self.path, lineno, key, "missing field")
-                self._records[str(record[key])] = record
+            self._load(new_run)
 
-    def _drop_torn_tail(self) -> None:
-        # A process killed mid-write leaves a last line without its newline: that sample is simply not done.
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with open(self.path, "r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
+    def _load(self, new_run: bool) -> None:
+        text = read_text(self.path)
+        complete, _, tail = text.rpartition("\n")
+        lines = complete.split("\n") if complete or text.startswith("\n") else []
+        header, records = _parse_lines(self.path, lines)
+        if tail.strip():
+            try:
+                last = json.loads(tail)
+            except json.JSONDecodeError:
+                last = None
+            if isinstance(last, dict) and self.key in last:
+                records.append(last)
+                self._newline = True
+            elif header is None and not records:
+                # Nothing here was written by a run: the user's file, not ours to repair.
+                raise InputError(self.path, len(lines) + 1, None,
+                                 "not a run file (one incomplete line); choose another output path")
+            else:  # a process killed mid-write left this line: that sample is simply not done
+                self._cut = len((complete + "\n").encode("utf-8"))
+        for lineno, record in enumerate(records, 2 if header is not None else 1):
+            if self.key not in record:
+                raise InputError(self.path, lineno, self.key, "missing field")
+        if new_run:
+            self._restart = True
+            return  # the existing file is ours (it parsed as one) and the user asked to start over
+        if self.header is not None and header is not None:
+            self._check_header(header)
+        elif self.header is not None:
+            self._check_records(records, first=1)
+        self._restart = False
+        self.header = self.header if self.header is not None else header
+        for record in records:
+            self._records[str(record[self.key])] = record
+
+    def _check_header(self, found: dict) -> None:
+        for name in sorted(set(self.header) | set(found)):
+            if found.get(name) != self.header.get(name):
+                self._refuse(1, name, found.get(name))
+
+    def _check_records(self, records: list[dict], first: int) -> None:
+        # A file from before run headers: its records carry some of the settings (model, mode, judge...).
+        for lineno, record in enumerate(records, first):
+            for name, value in self.header.items():
+                if name in record and record[name] != value:
+                    self._refuse(lineno, name, record[name])
+
+    def _refuse(self, where, name: str, found) -> None:
+        raise InputError(self.path, where, name, f"this run was made with {found!r}, not {self.header.get(name)!r}; "
+                         "pass --new-run to start it over, or choose another output path")
 
     def __len__(self) -> int:
         return len(self._records)
@@ -114,14 +187,37 @@ class RunFile:
     def append(self, record: dict) -> None:
         self.append_many([record])
 
+    def _header_lines(self) -> list[str]:
+        return [json.dumps({HEADER: self.header}, ensure_ascii=False) + "\n"] if self.header is not None else []
+
+    def begin(self) -> None:
+        """Call once all input is checked: start the file (its header line; over the old file with
+        `new_run`), or repair a torn end. The first append does this itself."""
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """The first write: start the file (header line), or repair its end, now that input is checked."""
+        if not is_main_process():
+            pass
+        elif self._restart:
+            write_text(self.path, "".join(self._header_lines()))
+        elif self._cut is not None:
+            with open(self.path, "r+b") as f:
+                f.truncate(self._cut)
+        elif self._newline:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write("\n")
+        self._restart, self._cut, self._newline = False, None, False
+
     def append_many(self, records: Iterable[dict]) -> None:
         lines = []
         for record in records:
             self._records[str(record[self.key])] = record
             lines.append(json.dumps(record, ensure_ascii=False) + "\n")
-        if not lines:
+        if not lines or not is_main_process():
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._prepare()
         with open(self.path, "a", encoding="utf-8") as f:
             f.write("".join(lines))
             f.flush()
@@ -133,10 +229,75 @@ class RunFile:
         listed = set(order)
         final = [self._records[i] for i in order if i in self._records]
         final += [r for i, r in self._records.items() if i not in listed]
-        write_jsonl(self.path, final)
+        write_text(self.path, "".join(self._header_lines()) + "".join(json.dumps(r, ensure_ascii=False) + "\n"
+                                                                      for r in final))
+        self._restart, self._cut, self._newline = False, None, False
         return final
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Checks every command makes before it reads a model or writes a byte
+
+
+def check_outputs(inputs: Iterable, outputs: Iterable, folders: Iterable = ()) -> None:
+    """Refuse (InputError) an output file that is one of the inputs (by resolved path), that is a folder, or
+    that cannot be created (under a file, or in a folder without write permission); `folders` are output
+    folders, checked the same way."""
+    given = {Path(p).resolve(): p for p in inputs if p is not None}
+    for path, is_folder in [*((p, True) for p in folders), *((p, False) for p in outputs)]:
+        if path is None:
+            continue
+        path = Path(path)
+        if path.resolve() in given:
+            raise InputError(path, None, None, "is also an input of this command; choose another output path")
+        if is_folder and path.exists() and not path.is_dir():
+            raise InputError(path, None, None, "is a file; the output here is a folder")
+        if not is_folder and path.is_dir():
+            raise InputError(path, None, None, "is a folder; the output here is a file")
+        problem = unwritable(path, is_folder)
+        if problem:
+            raise InputError(path, None, None, problem)
+
+
+def int_at_least(minimum: int):
+    """An argparse type: a whole number >= minimum (argparse prints its message as one line, exit status 2)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
+def nonempty(text: str) -> str:
+    """An argparse type: a name that is not empty or blank (a model, a judge)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
 
 
 def iter_chunks(items: list, size: int) -> Iterator[list]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def warn_unequal_counts(counts: dict, what: str = "samples") -> None:
+    """Warn (stderr) when the runs being compared were scored over different numbers of samples."""
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"{name} {n}" for name, n in counts.items())
+        print(f"warning: the runs compared have different numbers of {what} ({listed}); their scores are not "
+              "over the same samples", file=sys.stderr)

@@ -22,6 +22,7 @@ def run_demo(out):
 
 
 def test_demo_pipeline_end_to_end(tmp_path):
+    from eval.runs import read_jsonl
     from eval.spy.metrics import spy_metrics
 
     out = tmp_path / "demo"
@@ -42,7 +43,7 @@ def test_demo_pipeline_end_to_end(tmp_path):
     for stage in ("base", "sft", "nca_p"):
         assert metric_keys <= set(report[stage]) and metric_keys <= set(report["with_distractors"][stage])
         assert report[stage]["total"] == 40
-    judged = [json.loads(line) for line in (out / "eval" / "nca_p_with_distractors_judged.jsonl").open()]
+    judged = read_jsonl(out / "eval" / "nca_p_with_distractors_judged.jsonl")  # without the run header line
     assert len(judged) == 40 and all(r["eval_resp"] in ("respond", "reject") for r in judged)
     assert all(len(r["input_question"].split("\n\n")[0].split("\n")) == 6 for r in judged)
 

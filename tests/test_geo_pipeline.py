@@ -10,6 +10,7 @@ import pytest
 from chat_server import ChatServer, Flaky, Reply, image_urls, last_user_text
 from PIL import Image
 
+from eval import runs as eval_runs
 from eval.__main__ import main as eval_main
 from eval.backends import image_data_url
 from eval.geoprivacy.judge import judge_run
@@ -55,7 +56,7 @@ def geo_cli(*args):
 
 
 def read_jsonl(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return eval_runs.read_jsonl(path)  # a run file's header line is left out
 
 
 # --- generate -------------------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def test_a_changed_prediction_is_judged_again_and_a_stale_verdict_is_refused(dat
         pred.write_text("".join(json.dumps(p) + "\n" for p in predictions))
         assert st("score", "--data", dataset, "--predictions", pred, "--judgments", verdicts,
                   "--out", tmp_path / "m.json") == 2
-        assert "v.jsonl:1: prediction_digest:" in capsys.readouterr().err
+        assert "v.jsonl:2: prediction_digest:" in capsys.readouterr().err  # line 1 is the run header
         n = len(judge.requests)
         st("judge", "--data", dataset, "--predictions", pred, "--out", verdicts, "--judge-model", "j",
            "--base-url", judge.base_url, *NO_KEY)
@@ -111,7 +111,7 @@ def test_a_run_file_of_another_mode_is_refused_before_any_work(dataset, tmp_path
                                "stage": "result"}) + "\n")
     assert st("generate", "--data", dataset, "--mode", "guard", "--backend", "openai", "--model", "m",
               "--base-url", "http://127.0.0.1:9", *NO_KEY, "--out", tmp_path / "p.jsonl") == 2
-    assert "mode 'one-pass'" in capsys.readouterr().err
+    assert "p.run.jsonl:1: mode: this run was made with 'one-pass', not 'guard'" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -109,12 +109,15 @@ def test_duplicate_ids_bad_json_and_missing_images(tmp_path, synthetic):
         data.load(_write(tmp_path, [records[0]], ["{oops"]))
     path = _write(tmp_path, [records[0]])  # images/ is not next to this copy
     assert data.load(path)[0]["image_path"] == str(tmp_path / records[0]["image"])
-    with pytest.raises(InputError, match=r"bad.jsonl:1: image: image file not found"):
+    with pytest.raises(InputError, match=r"bad.jsonl:1: image: image not found"):
         data.load(path, check_images=True)
     assert data.load(path, image_root=synthetic.parent, check_images=True)
 
 
-def test_normalise_box_clips_and_rejects():
-    assert data.normalise_box([-3, 5, 103, 50], 100, 60) == [0.0, 5.0, 100.0, 50.0]
+def test_normalise_box_rejects_boxes_outside_the_image_and_clips_only_when_asked():
+    assert data.normalise_box([0, 5, 100, 60], 100, 60) == [0.0, 5.0, 100.0, 60.0]  # the border is inside
+    assert data.normalise_box([-3, 5, 103, 50], 100, 60) is None  # the spec: not inside the image = malformed
+    assert data.normalise_box([-3, 5, 103, 50], 100, 60, clip=True) == [0.0, 5.0, 100.0, 50.0]
     for bad in ([1, 2, 3], [5, 5, 5, 9], [200, 0, 300, 10], ["1", 2, 3, 4], [0, 0, float("nan"), 4], None, [True, 0, 3, 4]):
         assert data.normalise_box(bad, 100, 60) is None
+        assert data.normalise_box(bad, 100, 60, clip=True) is None

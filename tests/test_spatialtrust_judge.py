@@ -94,7 +94,7 @@ def test_a_killed_judge_run_resumes_without_asking_twice(records, tmp_path):
     with ChatServer(verdict_for) as server:
         full = judge_run(client(server), records, predictions, tmp_path / "full.jsonl", progress=False)
     text = (tmp_path / "full.jsonl").read_text().splitlines()
-    (tmp_path / "part.jsonl").write_text("\n".join(text[:3]) + "\n" + text[3][:10])  # torn 4th line
+    (tmp_path / "part.jsonl").write_text("\n".join(text[:4]) + "\n" + text[4][:10])  # header, 3 lines, a torn 4th
     with ChatServer(verdict_for) as server:
         resumed = judge_run(client(server), records, predictions, tmp_path / "part.jsonl", progress=False)
         assert len(server.requests) == len(full) - 3

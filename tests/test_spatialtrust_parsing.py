@@ -56,11 +56,12 @@ def test_single_choice_takes_one_option():
     assert parse_choices(["A", "B"], {"A": "Yes", "B": "No"}, single=True)[1] == "one option expected, got ['A', 'B']"
 
 
-def test_boxes_validated_clipped_and_scaled():
+def test_boxes_validated_kept_as_written_and_scaled():
     assert parse_box_list([10, 10, 50, 60], 200, 100) == [[10.0, 10.0, 50.0, 60.0]]  # one bare box
     assert parse_box_list([[10, 10, 50, 60], [5, 5], "(1,2),(30,40)", [9, 9, 1, 1]], 200, 100) == [
         [10.0, 10.0, 50.0, 60.0], None, [1.0, 2.0, 30.0, 40.0], None]
-    assert parse_box_list([[190, 90, 210, 120]], 200, 100) == [[190.0, 90.0, 200.0, 100.0]]
+    # reaching outside the image: kept as written, for the scorer to count as malformed (or clip, if asked)
+    assert parse_box_list([[190, 90, 210, 120]], 200, 100) == [[190.0, 90.0, 210.0, 120.0]]
     assert parse_box_list([[500, 500, 1000, 1000]], 200, 100, box_scale="1000") == [[100.0, 50.0, 200.0, 100.0]]
     assert parse_box_list("nonsense", 200, 100) == [None]
     assert parse_box_list(None, 200, 100) == []

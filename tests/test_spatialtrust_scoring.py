@@ -38,6 +38,28 @@ def test_q1_exact_match():
     assert score_q1(q, None) == 0.0
 
 
+def test_q1_compares_the_normalised_chosen_option():
+    # spec "Scoring": q1 is an exact match of the *normalised* option, as the parser normalises answers
+    q = {"qid": "q1", "options": {"A": "Yes", "B": "No"}, "answer": ["A"], "evidence": []}
+    for same in (["a"], [" A "], ["(A)"], ["Yes"], ["yes."]):
+        assert score_q1(q, {"choices": same}) == 1.0, same
+    for other in (["b"], ["No"], ["Z"], ["a", "b"], [""]):
+        assert score_q1(q, {"choices": other}) == 0.0, other
+
+
+def test_a_box_outside_the_image_is_malformed_unless_clipping_is_asked_for():
+    q = choice_q(["A"], [{"option": "A", "box": [90, 90, 100, 100]}])
+    overshoot = {"choices": ["A"], "boxes": {"A": [[90, 90, 101, 100]]}}  # one pixel past the border
+    assert score_choice_set(q, overshoot, W, H) == (0.0, 1)
+    assert score_choice_set(q, overshoot, W, H, clip=True) == (1.0, 0)
+    inside = {"choices": ["A"], "boxes": {"A": [[90, 90, 100, 100]]}}  # touching the border is inside
+    assert score_choice_set(q, inside, W, H) == (1.0, 0)
+    fq = free_q([{"factor": "second person", "box": [0, 0, 10, 10]}])
+    pred = {"text": "a person", "boxes": [[-1, 0, 10, 10]]}
+    assert score_free(fq, pred, verdict([(True, True, 0)]), W, H) == (0.0, 1)
+    assert score_free(fq, pred, verdict([(True, True, 0)]), W, H, clip=True) == (1.0, 0)
+
+
 def test_an_extra_wrong_option_zeroes_the_question():
     q = choice_q(["A", "B"], [{"option": "A", "box": [0, 0, 10, 10]}, {"option": "B", "box": [50, 50, 70, 70]}])
     perfect_boxes = {"A": [[0, 0, 10, 10]], "B": [[50, 50, 70, 70]]}
@@ -135,4 +157,4 @@ def test_compute_metrics_percentages_overall_and_counts():
     assert metrics == {"q1": 50.0, "q2": 50.0, "q3": 0.0, "q4": 50.0, "q5": 50.0, "overall": 40.0, "n_images": 2,
                        "unparsable": {"q1": 1, "q2": 1, "q3": 2, "q4": 1, "q5": 1},
                        "malformed_boxes": {"q2": 0, "q3": 0, "q4": 0, "q5": 0},
-                       "unjudged": {"q4": 0, "q5": 0}, "missing_predictions": 1}
+                       "unjudged": {"q4": 0, "q5": 0}, "missing_predictions": 1, "clip_boxes": False}

@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from data_prep.errors import InputError
 from data_prep.spy_bench import build_samples, expand_item, load_items, sample_id
@@ -129,7 +130,7 @@ def test_bad_items(tmp_path, change, field, message):
 
 def test_missing_image_and_malformed_json(tmp_path):
     (tmp_path / "images").mkdir()
-    (tmp_path / "images" / "x.png").write_bytes(b"")
+    Image.new("RGB", (4, 4)).save(tmp_path / "images" / "x.png")
     path = write_items(tmp_path, [ITEM, {**ITEM, "benchmark_id": "2", "question_item": {
         **ITEM["question_item"], "image_path": "images/missing.png"}}], name="items.jsonl")
     with pytest.raises(InputError, match=r"items.jsonl:2: question_item.image_path: image not found"):

@@ -100,8 +100,9 @@ def test_judge_step_with_faults_cache_and_resume(tmp_path, synthetic_dir):
                         timeout=0.4, progress=False, **FAST)
         sent = list(server.requests)
     assert [r["id"] for r in records] == [s["id"] for s in samples] and read_jsonl(out) == records
-    assert [r["eval_resp"] for r in records] == ["reject", "respond", "I am not sure.", ""] * 2
-    assert all(r["judge"] == "judge-m" for r in records)
+    # a failed generation is not judged: no verdict, its error kept
+    assert [r.get("eval_resp") for r in records] == ["reject", "respond", "I am not sure.", None] * 2
+    assert all(r["judge"] == "judge-m" for r in records if r["response"])
     assert records[0]["judge_output"] == "Output: reject" and "judge_output" not in records[3]
     assert records[3]["error"].startswith("failed after")  # the generation error stays visible
     # Each distinct judge prompt is sent 5 times (4 faults, then the answer); the judge sees only the bare
@@ -129,7 +130,7 @@ def test_judge_step_with_faults_cache_and_resume(tmp_path, synthetic_dir):
     with ChatServer(judge_reply) as server:
         fixed = judge(run, tmp_path / "other.jsonl", judge_model="judge-2", base_url=server.base_url, progress=False)
         assert len(server.requests) == 5
-    assert [r["eval_resp"] for r in fixed] == [r["eval_resp"] for r in records]
+    assert [r.get("eval_resp") for r in fixed] == [r.get("eval_resp") for r in records]
     assert all("judge_error" not in r for r in fixed)
 
 
@@ -144,8 +145,9 @@ def test_rule_judge_step_on_a_reference_result_file(tmp_path):
     run = tmp_path / "reference.jsonl"
     write_jsonl(run, records)
     judged = judge(run, tmp_path / "judged.jsonl", rule=True, progress=False)
-    assert [(r["id"], r["eval_resp"]) for r in judged] == [
-        ("00000204:p1", "reject"), ("00000204:p0", "respond"), ("00000204:p1:s13_emergency_services", "")]
+    assert [(r["id"], r.get("eval_resp")) for r in judged] == [
+        ("00000204:p1", "reject"), ("00000204:p0", "respond"), ("00000204:p1:s13_emergency_services", None)]
+    assert judged[2]["error"] == "no answer (generation failed)"  # not judged, and visibly so
 
 
 def test_judge_bad_input_exits_2_and_writes_nothing(tmp_path, synthetic_dir, monkeypatch, capsys):

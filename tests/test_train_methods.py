@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from data_prep.errors import new_file_mode
 from data_prep.families import family_tag
 from train.common import METHOD_NAMES
 from train.tiny_model import FAMILIES
@@ -23,16 +24,20 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def launch(script: str, recipe: str, tiny_model_dir, synthetic_dir, out, *overrides, config="cpu.yaml", env=None):
+def launch(script: str, recipe: str, tiny_model_dir, synthetic_dir, out, *overrides, config="cpu.yaml", env=None,
+           launcher_args=(), output=None):
+    """Train through `accelerate launch`; returns the run's log history (and its stdout into `output`, a list)."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / config),
-        str(ROOT / "train" / f"{script}.py"), str(ROOT / "recipes" / "demo" / f"{recipe}.yaml"),
+        *launcher_args, str(ROOT / "train" / f"{script}.py"), str(ROOT / "recipes" / "demo" / f"{recipe}.yaml"),
         "--model_name_or_path", str(tiny_model_dir), "--train_data_path", str(synthetic_dir / "train_data.json"),
         "--image_folder", str(synthetic_dir), "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1",
         "--per_device_train_batch_size", "2", "--save_steps", "2", "--save_total_limit", "null", *overrides,
     ]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
     assert result.returncode == 0, result.stderr[-3000:]
+    if output is not None:
+        output.append(result.stdout)
     return json.loads((Path(out) / "train_metrics.json").read_text())
 
 
@@ -63,6 +68,9 @@ def test_method_trains_and_saves(script, recipe, method, family, tiny_family_dir
     assert changed_fraction(before, after) > 0.9  # every trained tensor moved (a few buffers may not)
     assert AutoModelForImageTextToText.from_pretrained(out).config.model_type == family
     AutoProcessor.from_pretrained(out)
+    # readable by colleagues: the user's umask, not safetensors' 0600, for the final folder and checkpoints
+    for weights in (out / "model.safetensors", out / "checkpoint-2" / "model.safetensors"):
+        assert weights.stat().st_mode & 0o777 == new_file_mode()
     card = (out / "README.md").read_text()
     assert f"base_model: {tiny_model_dir}" in card and f"**{METHOD_NAMES[method]}**" in card
     assert f"- {family_tag(family)}\n" in card  # the family tag comes from the saved config

@@ -4,15 +4,18 @@ and saving, the model card and publishing at the end of a run."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
+import re
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from data_prep.errors import InputError
+from data_prep.errors import InputError, read_text, unwritable
 
 METHOD_NAMES = {"sft": "SFT", "dpo": "DPO", "nca": "NCA", "nca_p": "NCA-P"}
 
@@ -33,21 +36,178 @@ class SpyTuneArguments:
     dataset_name: str = field(default="SPY-Tune", metadata={"help": "Dataset name shown in the model card."})
 
 
+def run(main) -> None:
+    """Run an entry script: bad input (InputError, from any check) ends it with one line and exit status 2."""
+    try:
+        main()
+    except InputError as err:
+        # Under a multi-process launcher every process fails alike, and the launcher stops the others when the first
+        # one exits: process 0 reports at once, any other only if it is still running a moment later.
+        if int(os.environ.get("LOCAL_RANK", "0")) > 0:
+            time.sleep(10)
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
 def parse_recipe(*dataclass_types):
     """`script.py RECIPE.yaml [--key value ...]`: the recipe sets defaults, flags override them.
 
-    Unknown keys in the recipe or on the command line are errors, so a misspelt key cannot be silently ignored.
+    Every problem raises InputError naming the recipe (and line) or the command line: a missing or non-UTF-8
+    recipe, bad YAML, an unknown key or flag (with the closest known one), a flag abbreviation (argparse's
+    prefix matching is off: `--max_step` is not `--max_steps`), a value the dataclasses refuse.
     """
     from trl import TrlParser
 
+    class Parser(TrlParser):
+        def error(self, message):  # argparse prints its usage and exits: one line instead
+            option = re.match(r"argument --(\w+)", message)  # a recipe value goes through the same conversion
+            raise InputError(_source(option and option[1]), None, None, message)
+
+    parser = Parser(dataclass_types, allow_abbrev=False)
     argv = sys.argv[1:]
     if argv and argv[0].endswith((".yaml", ".yml")):
-        argv = ["--config", argv[0], *argv[1:]]
-    return TrlParser(dataclass_types).parse_args_and_config(argv, fail_with_unknown_args=True)
+        config = _read_recipe(argv[0], {action.dest: action for action in parser._actions})
+        env = config.pop("env", None) or {}
+        if not isinstance(env, dict):
+            raise InputError(argv[0], None, "env", "expected a mapping of variable: value")
+        os.environ.update({key: str(value) for key, value in env.items()})
+        parser.set_defaults_with_config(**config)
+        argv = argv[1:]
+    _, unknown = parser.parse_known_args(argv)
+    if unknown:
+        flag = next((arg.split("=")[0] for arg in unknown if arg.startswith("-")), None)
+        if flag is None:
+            raise InputError("command line", None, unknown[0], "unexpected argument (the recipe comes first)")
+        options = [option.lstrip("-") for option in parser._option_string_actions]
+        raise InputError("command line", None, flag, "unknown option" + _did_you_mean(flag.lstrip("-"), options, "--"))
+    try:
+        return parser.parse_args_into_dataclasses(argv)
+    except InputError:
+        raise
+    except (ValueError, TypeError) as err:  # the dataclasses' own checks, e.g. TrainingArguments.__post_init__
+        raise InputError(_source(), None, None, " ".join(str(err).split())) from None
+
+
+def _read_recipe(path, actions: dict) -> dict:
+    """The recipe's `key: value` pairs, each a known option; a value argparse will not convert (it converts only
+    strings, and YAML has typed the rest) is handed over as text when it is not of the option's type, so
+    `max_steps: 1.5` fails as `--max_steps 1.5` does."""
+    text = read_text(path)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        raise InputError(path, mark.line + 1 if mark else None, None,
+                         f"not valid YAML ({getattr(err, 'problem', None) or err})") from None
+    if not isinstance(config, dict):
+        raise InputError(path, None, None, "expected `key: value` lines (a YAML mapping)")
+    for key_node, _ in root.value:
+        key, line = key_node.value, key_node.start_mark.line + 1
+        if key == "env":
+            continue
+        if key not in actions:
+            raise InputError(path, line, key, "unknown key" + _did_you_mean(key, actions))
+        action, value = actions[key], config[key]
+        kind = getattr(action.type, "__name__", None)
+        if value is None or action.nargs not in (None, "?") or kind not in _ACCEPTS or _ACCEPTS[kind](value):
+            continue
+        if isinstance(value, (list, dict)):
+            if kind == "str":  # options typed `dict | str` (activation_checkpointing_kwargs) take a mapping
+                continue
+            raise InputError(path, line, key, f"expected one value, got a {type(value).__name__}")
+        config[key] = str(value)
+    return config
+
+
+_ACCEPTS = {  # the option type's name -> the YAML values it takes as they are
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "string_to_bool": lambda v: isinstance(v, bool),
+}
+
+
+def _did_you_mean(name: str, known, prefix: str = "") -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
+
+def option_error(name: str, message: str) -> InputError:
+    """A bad option value, naming where it came from."""
+    return InputError(_source(name), None, name, message)
+
+
+def _source(name: str | None = None) -> str:
+    """Where an option's value came from: the command line if it sets it, else the recipe."""
+    argv = sys.argv[1:]
+    if name and any(arg == f"--{name}" or arg.startswith(f"--{name}=") for arg in argv):
+        return "command line"
+    return argv[0] if argv and argv[0].endswith((".yaml", ".yml")) else "command line"
+
+
+# Options that must be > 0, or >= 0, when set (None means unset); checked on every config that has them.
+POSITIVE = ("learning_rate", "per_device_train_batch_size", "per_device_eval_batch_size",
+            "gradient_accumulation_steps", "num_train_epochs", "logging_steps", "save_steps", "eval_steps",
+            "save_total_limit", "beta", "max_length", "num_train_samples", "min_pixels", "max_pixels")
+NON_NEGATIVE = ("warmup_steps", "weight_decay", "max_grad_norm", "seed", "dataloader_num_workers")
+
+
+def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
+    """Option ranges and paths, before any work: raises InputError naming the recipe or the command line."""
+    def fail(name, message):
+        raise option_error(name, message)
+
+    for config in (script_args, training_args, model_args):
+        for names, ok, rule in ((POSITIVE, lambda v: v > 0, "> 0"), (NON_NEGATIVE, lambda v: v >= 0, ">= 0")):
+            for name in names:
+                value = getattr(config, name, None)
+                if value is not None and not ok(value):
+                    fail(name, f"must be {rule}, got {value}")
+    if training_args.max_steps == 0 or training_args.max_steps < -1:
+        fail("max_steps", f"must be > 0 (or -1: train num_train_epochs), got {training_args.max_steps}")
+    if None not in (script_args.min_pixels, script_args.max_pixels) and script_args.min_pixels > script_args.max_pixels:
+        fail("max_pixels", f"smaller than min_pixels ({script_args.max_pixels} < {script_args.min_pixels})")
+    if training_args.push_to_hub and not training_args.hub_model_id:
+        fail("hub_model_id", "push_to_hub needs it (e.g. your-name/qwen2-vl-7b-spy-nca-p)")
+    _check_paths(script_args, training_args, model_args, fail)
+
+
+def _check_paths(script_args, training_args, model_args, fail) -> None:
+    """A local model is a model folder; an output never overwrites an input, and its folder can be written."""
+    name = model_args.model_name_or_path
+    model = Path(name)
+    if model.is_dir() and not (model / "config.json").is_file():
+        fail("model_name_or_path", f"{model} is not a model folder (no config.json)")
+    if not model.exists() and (model.is_absolute() or name.startswith(".") or name.count("/") > 1):  # not a Hub id
+        fail("model_name_or_path", f"model folder not found: {model}")
+    out = Path(training_args.output_dir).resolve()
+    inputs = {"train_data_path": script_args.train_data_path, "eval_data_path": script_args.eval_data_path,
+              "label_path": script_args.label_path, "image_folder": script_args.image_folder,
+              "model_name_or_path": model_args.model_name_or_path}
+    for name, value in inputs.items():
+        if value and Path(value).resolve() == out:
+            fail("output_dir", f"is the {name} ({value}); an output never overwrites an input")
+    problem = unwritable(out, is_folder=True)
+    if problem:
+        fail("output_dir", f"{out} {problem}")
+    resume = resume_checkpoint(training_args)
+    if resume is True and not any(out.glob("checkpoint-*")):
+        fail("resume_from_checkpoint", f"no checkpoint-* folder in {out} to resume from")
+    if resume not in (None, True) and not Path(resume).is_dir():
+        fail("resume_from_checkpoint", f"checkpoint folder not found: {resume}")
 
 
 def load_model_and_processor(model_args, script_args: SpyTuneArguments, training_args):
     """Model and processor through `from_pretrained`, as for Qwen2-VL-7B-Instruct on the Hub."""
+    try:
+        return _load_model_and_processor(model_args, script_args, training_args)
+    except OSError as err:  # not a local folder and not on the Hub (or offline), unreadable weights
+        raise option_error("model_name_or_path",
+                           f"cannot load {model_args.model_name_or_path}: {str(err).splitlines()[0]}") from None
+
+
+def _load_model_and_processor(model_args, script_args: SpyTuneArguments, training_args):
     import torch
     from accelerate import PartialState
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -56,12 +216,8 @@ def load_model_and_processor(model_args, script_args: SpyTuneArguments, training
     from data_prep.families import pixel_kwargs
 
     trust = training_args.trust_remote_code
-    try:
-        pixel_bounds = pixel_kwargs(model_args.model_name_or_path, script_args.min_pixels, script_args.max_pixels,
-                                    revision=model_args.model_revision, trust_remote_code=trust)
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    pixel_bounds = pixel_kwargs(model_args.model_name_or_path, script_args.min_pixels, script_args.max_pixels,
+                                revision=model_args.model_revision, trust_remote_code=trust)  # InputError: `run`
     processor = AutoProcessor.from_pretrained(
         model_args.model_name_or_path, revision=model_args.model_revision, trust_remote_code=trust, **pixel_bounds
     )
@@ -81,19 +237,15 @@ def load_model_and_processor(model_args, script_args: SpyTuneArguments, training
 
 
 def load_datasets(method: str, script_args: SpyTuneArguments, seed: int):
-    """(train, eval or None) datasets of one method; bad input exits with one line naming file, record, field."""
+    """(train, eval or None) datasets of one method; bad input raises InputError naming file, record, field."""
     from data_prep.spy_tune import build_dataset
 
     def build(path, shuffle, num_samples):
         return build_dataset(method, path, script_args.image_folder, script_args.add_distractors,
                              script_args.label_path, shuffle, seed, num_samples)
 
-    try:
-        train = build(script_args.train_data_path, script_args.shuffle, script_args.num_train_samples)
-        evaluation = build(script_args.eval_data_path, False, None) if script_args.eval_data_path else None
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    train = build(script_args.train_data_path, script_args.shuffle, script_args.num_train_samples)
+    evaluation = build(script_args.eval_data_path, False, None) if script_args.eval_data_path else None
     return train, evaluation
 
 
@@ -186,6 +338,8 @@ def finish(trainer, method: str, script_args, training_args, model_args) -> None
                      model_args, train_metrics, trainer.accelerator.unwrap_model(trainer.model).config.model_type)
     with open(Path(training_args.output_dir) / "train_metrics.json", "w") as f:
         json.dump(trainer.state.log_history, f, indent=1)
+    print(f"saved the {METHOD_NAMES[method]} model, its card and train_metrics.json to {training_args.output_dir} "
+          f"(main process of {trainer.accelerator.num_processes})", flush=True)
     if training_args.push_to_hub:
         publish(training_args.output_dir, training_args.hub_model_id, training_args.hub_private_repo)
 
@@ -195,7 +349,7 @@ def publish(output_dir, hub_model_id: str | None, private: bool | None = None) -
     from huggingface_hub import HfApi
 
     if not hub_model_id:
-        sys.exit("error: push_to_hub needs hub_model_id (e.g. your-name/qwen2-vl-7b-spy-nca-p)")
+        raise InputError("command line", None, "hub_model_id", "push_to_hub needs it")
     api = HfApi(token=os.environ.get("HF_TOKEN"))
     api.create_repo(hub_model_id, private=private, exist_ok=True)
     api.upload_folder(repo_id=hub_model_id, folder_path=output_dir, commit_message="privacy-align: final model",

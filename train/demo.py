@@ -25,6 +25,9 @@ from pathlib import Path
 
 import yaml
 
+from data_prep.errors import InputError
+from train.common import run
+
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("base", "sft", "nca_p")
 STAGE_NAMES = {"base": "base (untrained)", "sft": "SFT", "nca_p": "SFT + NCA-P"}
@@ -73,12 +76,20 @@ def train(script: str, model: Path, data: Path, out: Path, steps: int | None, lo
     log_path = out.parent / "logs" / f"{script}.log"
     with open(log_path, "w") as log_file:
         process = subprocess.Popen(command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
-        while process.poll() is None:
-            time.sleep(10)
-            done = re.findall(rf"(\d+)/{steps} \[", log_path.read_text(errors="replace")[-4000:])
-            if done:
-                log(f"{script}: step {done[-1]}/{steps}")
+        while True:
+            try:
+                process.wait(timeout=10)  # returns as soon as the stage ends
+                break
+            except subprocess.TimeoutExpired:
+                done = re.findall(rf"(\d+)/{steps} \[", log_path.read_text(errors="replace")[-4000:])
+                if done:
+                    log(f"{script}: step {done[-1]}/{steps}")
     if process.returncode:
+        # bad input: the script's own line (accelerate's report follows it in the log)
+        bad = [line for line in log_path.read_text(errors="replace").splitlines() if line.startswith("error: ")]
+        if bad:
+            print(bad[0], file=sys.stderr)
+            sys.exit(2)
         sys.exit(f"{script} failed (exit {process.returncode}); see {log_path}")
 
 
@@ -164,11 +175,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     log = Clock()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # under a file, or no permission
+        raise InputError(out, None, "--out", f"cannot create the folder ({err.strerror})") from None
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     config = out / "demo_config.json"
     if config.exists() and json.loads(config.read_text()) != settings:
-        sys.exit(f"error: {out} holds a demo run with other settings ({config}); use another --out or delete it")
+        raise InputError(config, None, None, "a demo run with other settings is here; use another --out or delete it")
     config.write_text(json.dumps(settings, indent=1))
 
     from data_prep import synthetic
@@ -212,4 +226,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

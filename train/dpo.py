@@ -17,11 +17,14 @@ from trl import ModelConfig, get_peft_config  # noqa: E402
 from losses.vision_dpo_trainer import VisionDPOConfig, VisionDPOTrainer  # noqa: E402
 from train.common import (  # noqa: E402
     SpyTuneArguments,
+    check_run,
     finish,
     load_datasets,
     load_model_and_processor,
+    option_error,
     parse_recipe,
     resume_checkpoint,
+    run,
 )
 
 METHODS = {"sigmoid": "dpo", "nca_pair": "nca"}
@@ -31,12 +34,13 @@ def main():
     # args
     script_args, training_args, model_args = parse_recipe(SpyTuneArguments, VisionDPOConfig, ModelConfig)
     if len(training_args.loss_type) != 1 or training_args.loss_type[0] not in METHODS:
-        sys.exit(f"error: loss_type must be one of {sorted(METHODS)}, got {training_args.loss_type}")
+        raise option_error("loss_type", f"expected one of {sorted(METHODS)}, got {training_args.loss_type}")
     method = METHODS[training_args.loss_type[0]]
+    check_run(script_args, training_args, model_args)
+    # data, all of it checked before the model loads
+    train_dataset, eval_dataset = load_datasets(method, script_args, training_args.seed)
     # model
     model, processor = load_model_and_processor(model_args, script_args, training_args)
-    # data
-    train_dataset, eval_dataset = load_datasets(method, script_args, training_args.seed)
     # trainer
     trainer = VisionDPOTrainer(
         model=model,
@@ -52,4 +56,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -16,21 +16,24 @@ from trl import ModelConfig, get_peft_config  # noqa: E402
 from losses.nca_p_trainer import NCAPConfig, NCAPTrainer  # noqa: E402
 from train.common import (  # noqa: E402
     SpyTuneArguments,
+    check_run,
     finish,
     load_datasets,
     load_model_and_processor,
     parse_recipe,
     resume_checkpoint,
+    run,
 )
 
 
 def main():
     # args
     script_args, training_args, model_args = parse_recipe(SpyTuneArguments, NCAPConfig, ModelConfig)
+    check_run(script_args, training_args, model_args)
+    # data, all of it checked before the model loads
+    train_dataset, eval_dataset = load_datasets("nca_p", script_args, training_args.seed)
     # model
     model, processor = load_model_and_processor(model_args, script_args, training_args)
-    # data
-    train_dataset, eval_dataset = load_datasets("nca_p", script_args, training_args.seed)
     # trainer
     trainer = NCAPTrainer(
         model=model,
@@ -46,4 +49,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

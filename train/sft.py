@@ -16,11 +16,13 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config  # noqa: E40
 from losses.checkpointing import HubFormatResumeMixin  # noqa: E402
 from train.common import (  # noqa: E402
     SpyTuneArguments,
+    check_run,
     finish,
     load_datasets,
     load_model_and_processor,
     parse_recipe,
     resume_checkpoint,
+    run,
 )
 
 
@@ -31,10 +33,11 @@ class SpySFTTrainer(HubFormatResumeMixin, SFTTrainer):
 def main():
     # args
     script_args, training_args, model_args = parse_recipe(SpyTuneArguments, SFTConfig, ModelConfig)
+    check_run(script_args, training_args, model_args)
+    # data, all of it checked before the model loads
+    train_dataset, eval_dataset = load_datasets("sft", script_args, training_args.seed)
     # model
     model, processor = load_model_and_processor(model_args, script_args, training_args)
-    # data
-    train_dataset, eval_dataset = load_datasets("sft", script_args, training_args.seed)
     # trainer
     trainer = SpySFTTrainer(
         model=model,
@@ -50,4 +53,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

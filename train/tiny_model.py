@@ -20,6 +20,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from data_prep.errors import InputError
+from train.common import run
+
 ASSETS = Path(__file__).parent / "assets"
 CHAT_TEMPLATE_FILE = ASSETS / "qwen2_vl_chat_template.jinja"
 # The demo's size (../shared/specs/demo_notes.md): learns the synthetic task in minutes on 2 CPU cores.
@@ -246,10 +249,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vision-embed", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    try:
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # under a file, or no permission
+        raise InputError(args.out_dir, None, "out_dir", f"cannot create the folder ({err.strerror})") from None
     out = build_tiny_model(args.out_dir, family=args.family, hidden=args.hidden, layers=args.layers,
                            vision_depth=args.vision_depth, vision_embed=args.vision_embed, seed=args.seed)
     print(f"wrote a tiny random {args.family} to {out}")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -58,11 +58,14 @@ for _path in (_HERE, _HERE.parent, _HERE.parents[1]):
 from checks import SMALL_SPEC, fused_head_check, matmul_peak, shared_vision_check  # noqa: E402
 from train_step import prepare_like_train, train_step  # noqa: E402
 
-# Qwen2-VL's published configurations (config.json of Qwen/Qwen2-VL-{7B,2B}-Instruct); "tiny" is for --dry-run.
+# Qwen2-VL's published configurations (config.json of Qwen/Qwen2-VL-{7B,72B,2B}-Instruct); "tiny" is for --dry-run.
 MODEL_SPECS = {
     "7b": {"text": {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
                     "intermediate_size": 18944, "vocab_size": 152064}, "tie_word_embeddings": False,
            "vision": {"depth": 32, "embed_dim": 1280, "num_heads": 16, "mlp_ratio": 4}},
+    "72b": {"text": {"hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+                     "intermediate_size": 29568, "vocab_size": 152064}, "tie_word_embeddings": False,
+            "vision": {"depth": 32, "embed_dim": 1280, "num_heads": 16, "mlp_ratio": 4}},
     "2b": {"text": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
                     "intermediate_size": 8960, "vocab_size": 151936}, "tie_word_embeddings": True,
            "vision": {"depth": 32, "embed_dim": 1280, "num_heads": 16, "mlp_ratio": 4}},

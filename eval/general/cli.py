@@ -17,6 +17,7 @@ from pathlib import Path
 
 from data_prep.errors import InputError
 from eval.general import mme, mmmu, ocrbench, results
+from eval.runs import RunFile, check_outputs, int_at_least, nonempty
 
 BENCHES = {"mmmu": mmmu, "ocrbench": ocrbench, "mme": mme}
 # VLMEvalKit's Qwen2-VL-7B-Instruct image resolution (its config, and the OCRBench override in its model code).
@@ -56,10 +57,14 @@ def generator_options(args, items: list[dict]) -> dict:
 def generate(args) -> int:
     from eval.backends import load_generator
     from eval.general import common
-    from eval.runs import RunFile
 
     bench = BENCHES[args.benchmark]
-    RunFile(args.out)  # a damaged run file fails here, before the model loads
+    check_outputs([args.dataset] if args.dataset and Path(args.dataset).exists() else [], [args.out])
+    header = {"step": f"general {args.benchmark}", "model": args.model, "backend": args.backend,
+              "max_new_tokens": args.max_new_tokens, "pixels": args.pixels,
+              "backend_options": sorted(args.backend_option)}
+    # another run's file, or a damaged one, fails here, before the model loads
+    run = RunFile(args.out, header=header, new_run=args.new_run)
     source = args.dataset or bench.HUB_ID
     if bench is mmmu:
         ds = mmmu.load(source, tuple(s.strip() for s in args.split.split(",")), args.limit)
@@ -68,12 +73,13 @@ def generate(args) -> int:
     items = bench.items(ds, source)
     if not items:
         raise InputError(source, None, None, "no samples to run")
-    if not RunFile(args.out).pending(items):  # nothing left: no need to load the model
-        common.finalize(args.out, items)
+    if not run.pending(items):  # nothing left: no need to load the model
+        run.finalize([item["id"] for item in items])
         print(f"{args.benchmark}: all {len(items)} samples already in {args.out}")
         return 0
     generator = load_generator(args.backend, args.model, **generator_options(args, items))
     try:
+        run.begin()
         records = common.generate(bench, ds, items, generator, args.out, chunk_size=args.chunk_size)
     finally:
         generator.close()
@@ -112,6 +118,9 @@ def score(args) -> int:
     profile = args.profile or profiles[0]
     if profile not in profiles:
         raise InputError("--profile", None, None, f"{args.benchmark} has the profiles {', '.join(profiles)}")
+    out = Path(args.out)
+    check_outputs([args.run], [out, out.with_name(out.stem + ".items.jsonl")],
+                  folders=[] if args.no_vlmeval else [args.vlmeval_dir or out.parent])
     records = read_run(bench, args.run)
     result = bench.score(records, profile) if hasattr(bench, "PROFILES") else bench.score(records)
     items_path = results.write_score(result, args.out)
@@ -140,6 +149,9 @@ def report(args) -> int:
     from eval.general.report import write_report
 
     general = resolve_general(args.general_dir, {b: getattr(args, b) for b in BENCHES})
+    out = Path(args.out)
+    check_outputs([r["path"] for r in general.values()],
+                  [out / f"general_report.{ext}" for ext in ("md", "json", "png")], folders=[out])
     write_report(general, args.out, label=args.label)
     print(f"wrote {Path(args.out) / 'general_report.md'} (.json, .png)")
     return 0
@@ -151,23 +163,26 @@ def build_parser() -> argparse.ArgumentParser:
     for name, bench in BENCHES.items():
         p = steps.add_parser(name, help=f"generate {name} answers into a resumable run file")
         p.set_defaults(benchmark=name, run_step=generate)
-        p.add_argument("--model", required=True, help="model path or Hub id (the API model name for openai)")
+        p.add_argument("--model", required=True, type=nonempty, help="model path or Hub id (the API model name for openai)")
         p.add_argument("--backend", required=True, choices=["hf", "vllm", "openai"])
         p.add_argument("--out", required=True, help="run file (JSON Lines), resumed if it exists")
         p.add_argument("--dataset", help=f"Hub id or local copy (save_to_disk dir or parquet); default {bench.HUB_ID}")
         if bench is mmmu:
             p.add_argument("--split", default="dev,validation",
                            help="comma-separated MMMU splits (default dev,validation, as VLMEvalKit's MMMU_DEV_VAL)")
-        p.add_argument("--limit", type=int, help="only the first N samples (smoke tests)")
-        p.add_argument("--max-new-tokens", type=int, default=2048, help="default 2048, VLMEvalKit's for Qwen2-VL")
-        p.add_argument("--batch-size", type=int, default=8, help="hf backend batch size")
+        p.add_argument("--limit", type=int_at_least(1), help="only the first N samples (smoke tests)")
+        p.add_argument("--max-new-tokens", type=int_at_least(1), default=2048,
+                       help="default 2048, VLMEvalKit's for Qwen2-VL")
+        p.add_argument("--batch-size", type=int_at_least(1), default=8, help="hf backend batch size")
         p.add_argument("--pixels", choices=["vlmevalkit", "model"], default="vlmevalkit",
                        help="image resolution: VLMEvalKit's Qwen2-VL-7B settings (default) or the processor's own")
         p.add_argument("--base-url", help="openai backend: server URL (e.g. a vLLM server)")
         p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="openai backend: env variable with the key")
         p.add_argument("--backend-option", action="append", default=[], metavar="KEY=VALUE",
                        help="extra generator option, e.g. tensor_parallel_size=2 (repeatable)")
-        p.add_argument("--chunk-size", type=int, default=256, help="samples whose images are decoded at once")
+        p.add_argument("--chunk-size", type=int_at_least(1), default=256, help="samples whose images are decoded at once")
+        p.add_argument("--new-run", action="store_true",
+                       help="start --out over when another model or settings made it (default: refuse)")
     p = steps.add_parser("score", help="score a run file")
     p.set_defaults(run_step=score)
     p.add_argument("benchmark", choices=list(BENCHES))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from data_prep.errors import InputError
 from eval.general.results import BENCHMARKS, NORMALIZER, as_number, find_result, read_json_file, read_result
-from eval.runs import write_json
+from eval.runs import check_outputs, write_json
 
 UNDEFINED = {
     "ics": "the SPY run has no complete no-scenario pair of instructions",
@@ -91,6 +91,7 @@ def main(argv: list[str]) -> int:
 
     spy = read_spy(args.spy)
     general = resolve_general(args.general_dir, {b: getattr(args, b) for b in BENCHMARKS})
+    check_outputs([args.spy, *(general[b]["path"] for b in BENCHMARKS)], [args.out])
     scores = composite(spy["ics"], spy["hms"], *(general[b]["value"] for b in BENCHMARKS))
     inputs = {"spy": spy}
     for benchmark, result in general.items():

@@ -19,7 +19,7 @@ import json
 import math
 from pathlib import Path
 
-from data_prep.errors import InputError
+from data_prep.errors import InputError, read_json, read_text
 from eval.runs import write_json, write_text
 
 BENCHMARKS = ("mmmu", "ocrbench", "mme")
@@ -117,7 +117,7 @@ def as_number(value, path, field) -> float:
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
-    with open(path, newline="", encoding="utf-8") as f:
+    with io.StringIO(read_text(path), newline="") as f:
         rows = [row for row in csv.reader(f) if row]
     if len(rows) < 2:
         raise InputError(path, None, None, "expected a header line and at least one data line")
@@ -126,10 +126,7 @@ def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
 
 
 def read_json_file(path: Path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise InputError(path, err.lineno, None, f"not valid JSON ({err.msg})") from None
+    return read_json(path)
 
 
 def read_result(path, benchmark: str) -> dict:

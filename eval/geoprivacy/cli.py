@@ -13,9 +13,10 @@ import json
 import sys
 from pathlib import Path
 
-from data_prep.errors import InputError
+from data_prep.errors import InputError, check_image, read_text
 from eval.geoprivacy import data
 from eval.geoprivacy.prompts import MAX_FOLLOWUPS, METHODS, PROMPT_FORMATS
+from eval.runs import RunFile, check_outputs, int_at_least, nonempty, warn_unequal_counts
 
 
 def _judge_client(model, base_url, api_key_env, concurrency, cache):
@@ -28,8 +29,12 @@ def _judge_client(model, base_url, api_key_env, concurrency, cache):
 def _add_judge_args(p, prefix=""):
     p.add_argument(f"--{prefix}base-url", default=None, help="OpenAI-compatible endpoint (default: OpenAI)")
     p.add_argument(f"--{prefix}api-key-env", default="OPENAI_API_KEY", help="environment variable with the key")
-    p.add_argument(f"--{prefix}concurrency", type=int, default=8)
+    p.add_argument(f"--{prefix}concurrency", type=int_at_least(1), default=8)
     p.add_argument(f"--{prefix}cache", default=None, help="judge cache (default: <out>.judge_cache.jsonl)")
+
+
+NEW_RUN_HELP = ("start --out over when it holds a run made with another model, judge or settings "
+                "(default: refuse, and say which setting differs)")
 
 
 # --- generate -------------------------------------------------------------------------------------------------
@@ -38,9 +43,7 @@ def select_ids(labels: dict, ids_file: str | None, limit: int | None) -> list[st
     ids = list(labels)
     if ids_file:
         path = Path(ids_file)
-        if not path.is_file():
-            raise InputError(path, None, None, "file not found")
-        wanted = [data.label_id(line) for line in path.read_text(encoding="utf-8").split() if line.strip()]
+        wanted = [data.label_id(line) for line in read_text(path).split() if line.strip()]
         unknown = [i for i in wanted if i not in labels]
         if unknown:
             raise InputError(path, None, "id", f"{len(unknown)} id(s) not in the labels, e.g. {unknown[0]!r}")
@@ -54,6 +57,12 @@ def cmd_generate(args) -> int:
 
     if args.setting == "mcq" and args.method != "zs":
         raise InputError("--method", None, None, "the MCQ setting has only the zs method")
+    if args.method == "iter-cot" and not args.judge_model:
+        raise InputError("--judge-model", None, None, "iter-cot needs a judge between turns")
+    judge_cache = args.judge_cache or f"{args.out}.judge_cache.jsonl"
+    iter_files = [f"{args.out}.turns.jsonl", f"{args.out}.turn_labels.jsonl", judge_cache]
+    check_outputs([args.labels, args.metadata, args.ids_file],
+                  [args.out, *(iter_files if args.method == "iter-cot" else [])])
     labels = data.load_labels(args.labels)
     meta = data.load_metadata(args.metadata)
     ids = select_ids(labels, args.ids_file, args.limit)
@@ -62,6 +71,7 @@ def cmd_generate(args) -> int:
         path = data.find_image(args.images, i, meta.get(i))
         if path is None:
             raise InputError(args.images, None, i, f"no image for id {i} (looked for {data.image_id(i)}.jpg / {i}.jpg)")
+        check_image(path, None, i, source=args.images)
         images[i] = str(path)
     prompt_format = args.prompt_format or ("api" if args.backend == "openai" else "open")
     options = {"max_new_tokens": args.max_new_tokens}
@@ -69,14 +79,13 @@ def cmd_generate(args) -> int:
         options.update(base_url=args.base_url, api_key_env=args.api_key_env, concurrency=args.concurrency)
     elif args.backend == "hf":
         options.update(batch_size=args.batch_size)
-    elif args.method == "malicious":
-        options.update(images_per_prompt=2)
+    else:
+        options.update(tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
+                       **({"images_per_prompt": 2} if args.method == "malicious" else {}))
     judge = None
     if args.method == "iter-cot":
-        if not args.judge_model:
-            raise InputError("--judge-model", None, None, "iter-cot needs a judge between turns")
         judge = _judge_client(args.judge_model, args.judge_base_url, args.judge_api_key_env, args.judge_concurrency,
-                              args.judge_cache or f"{args.out}.judge_cache.jsonl")
+                              judge_cache)
     run_meta = {i: {"setting": args.setting, "method": args.method, "model": args.model,
                     "heuristics": args.setting == "mcq" and not args.no_heuristics,
                     "q7_only": args.q7_only, "prompt_format": prompt_format} for i in ids}
@@ -86,14 +95,24 @@ def cmd_generate(args) -> int:
                           q7_only=args.q7_only, prompt_format=prompt_format, user_text=user_text)
         return {**r, "id": request_id or i}
 
+    header = {"step": "geo generate", "model": args.model, "backend": args.backend, "setting": args.setting,
+              "method": args.method, "heuristics": args.setting == "mcq" and not args.no_heuristics,
+              "q7_only": args.q7_only, "prompt_format": prompt_format, "max_new_tokens": args.max_new_tokens,
+              "judge_model": args.judge_model if args.method == "iter-cot" else None}
+    run_path = iter_files[0] if args.method == "iter-cot" else args.out
+    RunFile(run_path, header=header, new_run=args.new_run)  # another model's run refuses before the model loads
+    if args.method == "iter-cot":
+        RunFile(iter_files[1], header={"step": "geo judge", "judge_model": args.judge_model}, new_run=args.new_run)
     generator = load_generator(args.backend, args.model, **options)
     with generator:
         if args.method == "iter-cot":
             from eval.geoprivacy.iterative import iter_cot_run
 
-            records = iter_cot_run(generator, judge, ids, request, args.out, run_meta, args.judge_model)
+            records = iter_cot_run(generator, judge, ids, request, args.out, run_meta, args.judge_model,
+                                   header=header, new_run=args.new_run)
         else:
-            records = generate_run(generator, [request(i) for i in ids], args.out, meta=run_meta)
+            records = generate_run(generator, [request(i) for i in ids], args.out, meta=run_meta, header=header,
+                                   new_run=args.new_run)
     failed = sum(1 for r in records if r.get("error"))
     print(f"wrote {args.out}: {len(records)} records, {failed} failed (re-run the same command to retry them)")
     return 0
@@ -113,11 +132,13 @@ def _read_run(path, required):
 def cmd_judge(args) -> int:
     from eval.geoprivacy.judge import judge_run
 
+    cache = args.cache or f"{args.out}.judge_cache.jsonl"
+    check_outputs([args.input], [args.out, cache])
     records = _read_run(args.input, ("id", "response"))
     failed = [r["id"] for r in records if r.get("error")]
-    client = _judge_client(args.judge_model, args.base_url, args.api_key_env, args.concurrency,
-                           args.cache or f"{args.out}.judge_cache.jsonl")
-    judged = judge_run(client, records, args.out, args.judge_model)
+    RunFile(args.out, header={"step": "geo judge", "judge_model": args.judge_model}, new_run=args.new_run)
+    client = _judge_client(args.judge_model, args.base_url, args.api_key_env, args.concurrency, cache)
+    judged = judge_run(client, records, args.out, args.judge_model, new_run=args.new_run)
     errors = sum(1 for r in judged if r.get("error"))
     print(f"wrote {args.out}: {len(judged)} judged, {errors} judge errors (re-run to retry), "
           f"{len(failed)} generation failures skipped")
@@ -129,14 +150,16 @@ def cmd_coordinates(args) -> int:
 
     from eval.geoprivacy.judge import GOOGLE_GEOCODE_URL, GoogleGeocoder, coordinates_run
 
+    cache = args.cache or f"{args.out}.judge_cache.jsonl"
+    check_outputs([args.input], [args.out, cache])
     records = _read_run(args.input, ("id", "Q7-gen", "Q7-label"))
+    RunFile(args.out, header={"step": "geo coordinates", "extract_model": args.extract_model}, new_run=args.new_run)
     key = os.environ.get(args.geocoder_key_env)
     if not key:
         raise InputError("environment", None, args.geocoder_key_env, "not set (the geocoder key is read from here)")
-    client = _judge_client(args.extract_model, args.base_url, args.api_key_env, args.concurrency,
-                           args.cache or f"{args.out}.judge_cache.jsonl")
+    client = _judge_client(args.extract_model, args.base_url, args.api_key_env, args.concurrency, cache)
     geocoder = GoogleGeocoder(key, url=args.geocoder_url or GOOGLE_GEOCODE_URL)
-    out = coordinates_run(client, geocoder, records, args.out)
+    out = coordinates_run(client, geocoder, records, args.out, new_run=args.new_run)
     found = sum(1 for r in out if r.get("source") == "geocoded")
     errors = sum(1 for r in out if r.get("error"))
     print(f"wrote {args.out}: {found} geocoded of {len(out)} answers judged C, {errors} errors (re-run to retry)")
@@ -176,6 +199,9 @@ def cmd_metrics(args) -> int:
     from eval.geoprivacy.metrics import free_form_metrics, join, mcq_metrics, seed_summary
     from eval.geoprivacy.report import markdown_report, write_report
 
+    out_files = [Path(args.out) / "metrics.json", Path(args.out) / "metrics.md"] if args.out else []
+    check_outputs([*args.files, args.labels, args.metadata, args.coordinates], out_files,
+                  folders=[args.out] if args.out else [])
     labels = data.load_labels(args.labels)
     truth = None
     results, groups = {}, {}
@@ -199,6 +225,7 @@ def cmd_metrics(args) -> int:
         if not joined:
             raise InputError(path, None, "id", f"none of the {len(rows)} ids matches the labels in {args.labels}")
         loaded.append((path, setting, rows, joined, coord_path, coords, failed))
+    warn_unequal_counts({str(p): len(joined) for p, _, _, joined, *_ in loaded}, "samples matching the labels")
     stems = [p.stem for p, *_ in loaded]
     for path, setting, rows, joined, coord_path, coords, failed in loaded:
         key = path.stem if stems.count(path.stem) == 1 else str(path)
@@ -226,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="model answers for the benchmark images (resumable run file)")
     g.add_argument("--backend", choices=("hf", "vllm", "openai"), required=True)
-    g.add_argument("--model", required=True, help="model path / Hub id / API model name")
+    g.add_argument("--model", required=True, type=nonempty, help="model path / Hub id / API model name")
     g.add_argument("--images", required=True, help="folder of images named <image_id>.jpg or <label id>.jpg")
     g.add_argument("--out", required=True, help="run file (JSON Lines) to write or resume")
     g.add_argument("--setting", choices=("free-form", "mcq"), default="free-form")
@@ -239,29 +266,34 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--labels", default=str(data.DEFAULT_LABELS), help="annotation CSV (which ids to run)")
     g.add_argument("--metadata", default=str(data.DEFAULT_METADATA))
     g.add_argument("--ids-file", default=None, help="whitespace-separated ids to run (any id form)")
-    g.add_argument("--limit", type=int, default=None)
-    g.add_argument("--max-new-tokens", type=int, default=512)
-    g.add_argument("--batch-size", type=int, default=8, help="hf backend")
+    g.add_argument("--limit", type=int_at_least(1), default=None)
+    g.add_argument("--max-new-tokens", type=int_at_least(1), default=512)
+    g.add_argument("--batch-size", type=int_at_least(1), default=8, help="hf backend")
+    g.add_argument("--tensor-parallel-size", type=int_at_least(1), default=1, help="vllm backend")
+    g.add_argument("--data-parallel-size", type=int_at_least(1), default=1, help="vllm backend: engine replicas")
     g.add_argument("--base-url", default=None, help="openai backend endpoint")
     g.add_argument("--api-key-env", default="OPENAI_API_KEY")
-    g.add_argument("--concurrency", type=int, default=8)
-    g.add_argument("--judge-model", default=None, help=f"iter-cot: judge between turns (up to {MAX_FOLLOWUPS} more)")
+    g.add_argument("--concurrency", type=int_at_least(1), default=8)
+    g.add_argument("--new-run", action="store_true", help=NEW_RUN_HELP)
+    g.add_argument("--judge-model", default=None, type=nonempty, help=f"iter-cot: judge between turns (up to {MAX_FOLLOWUPS} more)")
     _add_judge_args(g, "judge-")
     g.set_defaults(func=cmd_generate)
 
     j = sub.add_parser("judge", help="granularity labels for free-form answers (resumable)")
     j.add_argument("input", help="run file from `geo generate --setting free-form`")
     j.add_argument("--out", required=True)
-    j.add_argument("--judge-model", default="gpt-4.1-mini", help="the authors used gpt-4.1-mini (at T=0.7; we use 0)")
+    j.add_argument("--judge-model", default="gpt-4.1-mini", type=nonempty, help="the authors used gpt-4.1-mini (at T=0.7; we use 0)")
+    j.add_argument("--new-run", action="store_true", help=NEW_RUN_HELP)
     _add_judge_args(j)
     j.set_defaults(func=cmd_judge)
 
     c = sub.add_parser("coordinates", help="coordinates for answers judged C (place-name LLM + Google Geocoding)")
     c.add_argument("input", help="run file from `geo judge`")
     c.add_argument("--out", required=True, help="coordinate run file (JSON Lines)")
-    c.add_argument("--extract-model", default="gpt-4o-mini", help="the authors' place-name extractor")
+    c.add_argument("--extract-model", default="gpt-4o-mini", type=nonempty, help="the authors' place-name extractor")
     c.add_argument("--geocoder-key-env", default="GOOGLE_MAPS_API_KEY")
     c.add_argument("--geocoder-url", default=None, help="Geocoding API endpoint (default: Google's)")
+    c.add_argument("--new-run", action="store_true", help=NEW_RUN_HELP)
     _add_judge_args(c)
     c.set_defaults(func=cmd_coordinates)
 

@@ -9,11 +9,13 @@ store the numeric ids as JSON ints. Everything here joins on the label id, as a 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from pathlib import Path
 
-from data_prep.errors import InputError
+from data_prep.errors import InputError, read_text
+from eval.runs import read_jsonl
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEFAULT_LABELS = ASSETS / "annotation_labels.csv"
@@ -48,10 +50,8 @@ def image_id(label: str, source: str | None = None) -> str:
 def load_labels(path=DEFAULT_LABELS) -> dict[str, dict[str, str]]:
     """`annotation_labels.csv` -> {label id: {"Q1": "A", ..., "Q7": "C"}}."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(path, None, None, "file not found")
     labels: dict[str, dict[str, str]] = {}
-    with open(path, newline="", encoding="utf-8") as f:
+    with io.StringIO(read_text(path), newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in ("id", *QUESTIONS) if c not in (reader.fieldnames or [])]
         if missing:
@@ -75,10 +75,8 @@ def load_labels(path=DEFAULT_LABELS) -> dict[str, dict[str, str]]:
 def load_metadata(path=DEFAULT_METADATA) -> dict[str, dict]:
     """`images_metadata.csv` -> {label id: {"image_id", "image_source", "lat", "lon", "sharing_intent"}}."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(path, None, None, "file not found")
     meta = {}
-    with open(path, newline="", encoding="utf-8") as f:
+    with io.StringIO(read_text(path), newline="") as f:
         for lineno, row in enumerate(csv.DictReader(f), 2):
             for field in ("image_id", "image_source", "true_coordinate"):
                 if not row.get(field):
@@ -96,25 +94,13 @@ def load_metadata(path=DEFAULT_METADATA) -> dict[str, dict]:
 
 def read_records(path: Path):
     """A JSON document, or a JSON Lines file (our run files, `.jsonl`) as a list of objects."""
-    if not path.is_file():
-        raise InputError(path, None, None, "file not found")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     if path.suffix != ".jsonl":  # a one-line JSON Lines file is also a JSON document: trust the suffix
         try:
             return json.loads(text)
         except json.JSONDecodeError:
             pass
-    records = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise InputError(path, lineno, None, f"not valid JSON ({err.msg})") from None
-        if not isinstance(records[-1], dict):
-            raise InputError(path, lineno, None, "expected a JSON object")
-    return records
+    return read_jsonl(path)
 
 
 def load_predictions(path, setting: str) -> list[dict]:

@@ -19,8 +19,10 @@ def turn_id(sample_id: str, turn: int) -> str:
     return f"{sample_id}#{turn}"
 
 
-def iter_cot_run(generator, judge, ids: list[str], make_request, out_path, meta: dict, judge_model: str) -> list[dict]:
-    """`make_request(sample_id, user_text=None, request_id=None)` builds one Generator request."""
+def iter_cot_run(generator, judge, ids: list[str], make_request, out_path, meta: dict, judge_model: str,
+                 header: dict | None = None, new_run: bool = False) -> list[dict]:
+    """`make_request(sample_id, user_text=None, request_id=None)` builds one Generator request; `header` and
+    `new_run` go to the turns run file (eval.runs.RunFile)."""
     from eval.backends import generate_run
     from eval.geoprivacy.judge import judge_run
 
@@ -36,9 +38,11 @@ def iter_cot_run(generator, judge, ids: list[str], make_request, out_path, meta:
             tid = turn_id(i, turn)
             requests.append(make_request(i, user_text=question, request_id=tid))
             turn_meta[tid] = {"sample_id": i, "turn": turn, "question": question or "first"}
-        generated = {r["id"]: r for r in generate_run(generator, requests, turns_path, meta=turn_meta)}
+        fresh = new_run and turn == 0  # starting over clears the files once, not at every turn
+        generated = {r["id"]: r for r in generate_run(generator, requests, turns_path, meta=turn_meta,
+                                                      header=header, new_run=fresh)}
         answered = [generated[turn_id(i, turn)] for i in active if not generated[turn_id(i, turn)].get("error")]
-        labelled = {r["id"]: r for r in judge_run(judge, answered, labels_path, judge_model)}
+        labelled = {r["id"]: r for r in judge_run(judge, answered, labels_path, judge_model, new_run=fresh)}
         still = []
         for i in active:
             record = labelled.get(turn_id(i, turn)) or generated[turn_id(i, turn)]

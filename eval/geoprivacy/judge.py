@@ -64,10 +64,12 @@ def judge_granularity(client, texts: list[str]) -> list[dict]:
     return results
 
 
-def judge_run(client, records: list[dict], out_path, judge_model: str, text_field: str = "response") -> list[dict]:
+def judge_run(client, records: list[dict], out_path, judge_model: str, text_field: str = "response",
+              new_run: bool = False) -> list[dict]:
     """Resumable judge step: each record of a generation run file gets `Q7-gen`, `Q7-label`, `judge_output`,
-    `judge_shortcut` and `judge_model`; the output is a run file in input order."""
-    run = RunFile(out_path)
+    `judge_shortcut` and `judge_model`; the output is a run file in input order, whose header names the judge
+    (a resume with another judge refuses unless `new_run`)."""
+    run = RunFile(out_path, header={"step": "geo judge", "judge_model": judge_model}, new_run=new_run)
     pending = [r for r in run.pending(records) if not r.get("error")]
     for chunk in tqdm(list(iter_chunks(pending, CHUNK)), desc="judge", unit="chunk", disable=not pending):
         texts = [(r.get(text_field) or "").strip() for r in chunk]
@@ -113,12 +115,12 @@ class GoogleGeocoder:
                 "formatted_address": first.get("formatted_address"), "types": first.get("types", [])}
 
 
-def coordinates_run(client, geocoder, records: list[dict], out_path) -> list[dict]:
+def coordinates_run(client, geocoder, records: list[dict], out_path, new_run: bool = False) -> list[dict]:
     """Resumable coordinate step over judged records: answers labelled C get a place name from the extraction
     model, then a geocode (falling back to the whole answer when the name is not found, as the authors do).
     Output records: `{id, lat, lng, extracted_address, formatted_address, types, source: "geocoded"}`, or
     `source: "not_found"` without coordinates."""
-    run = RunFile(out_path)
+    run = RunFile(out_path, header={"step": "geo coordinates", "extract_model": client.model}, new_run=new_run)
     wanted = [r for r in records if str(r.get("Q7-label") or "")[:1] == "C" and not r.get("error")]
     pending = run.pending(wanted)
     for chunk in tqdm(list(iter_chunks(pending, CHUNK)), desc="coordinates", unit="chunk", disable=not pending):

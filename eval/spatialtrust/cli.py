@@ -12,10 +12,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from data_prep.errors import InputError
-from eval.runs import read_jsonl, write_json, write_jsonl
+from data_prep.errors import InputError, read_json
+from eval.runs import (
+    RunFile,
+    check_outputs,
+    int_at_least,
+    nonempty,
+    read_jsonl,
+    warn_unequal_counts,
+    write_json,
+    write_jsonl,
+)
 from eval.spatialtrust import data
 from eval.spatialtrust.guard import DEFAULT_RETRIES, MODES
 from eval.spatialtrust.parsing import BOX_SCALES
@@ -41,6 +51,7 @@ def default_run_path(out) -> Path:
 
 # ----------------------------------------------------------------------------------------------- steps
 def cmd_synthetic(args) -> int:
+    check_outputs([], [Path(args.out) / "data.jsonl"], folders=[args.out])
     path = data.build_synthetic(args.out, n_images=args.n_images, seed=args.seed, width=args.width, height=args.height)
     print(f"wrote {path} ({args.n_images} images) and {Path(args.out) / 'images'}")
     return 0
@@ -58,7 +69,8 @@ def backend_options(args) -> dict:
     if args.backend == "hf":
         options.update(batch_size=args.batch_size, **pixels)
     elif args.backend == "vllm":
-        options.update(tensor_parallel_size=args.tensor_parallel_size, max_model_len=args.max_model_len, **pixels)
+        options.update(tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
+                       max_model_len=args.max_model_len, **pixels)
     else:
         options.update(base_url=args.base_url, api_key_env=args.api_key_env, concurrency=args.concurrency)
     return options
@@ -68,12 +80,20 @@ def cmd_generate(args) -> int:
     from eval.backends import load_generator
     from eval.spatialtrust.guard import check_run_file, generate_predictions
 
-    records = _load(args, check_images=True)
     run_path = Path(args.run) if args.run else default_run_path(args.out)
     if run_path.resolve() == Path(args.out).resolve():
         raise InputError(args.out, None, None, "--out and --run must be different files")
-    check_run_file(run_path, args.mode, args.model)  # before loading a model
-    with load_generator(args.backend, args.model, **backend_options(args)) as generator:
+    check_outputs([args.data], [args.out, run_path])
+    records = _load(args, check_images=True)
+    options = backend_options(args)
+    header = {"step": "spatialtrust generate", "mode": args.mode, "model": args.model, "backend": args.backend,
+              "box_scale": args.box_scale, "retries": args.retries,
+              **{k: options.get(k) for k in ("max_new_tokens", "min_pixels", "max_pixels")}}
+    run = RunFile(run_path, header=header, new_run=args.new_run)  # before loading a model
+    if not args.new_run:
+        check_run_file(run_path, args.mode, args.model)
+    with load_generator(args.backend, args.model, **options) as generator:
+        run.begin()
         predictions = generate_predictions(generator, records, args.mode, run_path, retries=args.retries,
                                            box_scale=args.box_scale, model=args.model)
     write_jsonl(args.out, predictions)
@@ -89,11 +109,14 @@ def cmd_judge(args) -> int:
     from eval.judge import JudgeClient
     from eval.spatialtrust.judge import judge_run
 
+    cache = args.cache or f"{args.out}.cache.jsonl"
+    check_outputs([args.data, args.predictions], [args.out, cache])
     records = _load(args)
     predictions = _predictions(args.predictions, records)
+    RunFile(args.out, header={"step": "spatialtrust judge", "judge_model": args.judge_model}, new_run=args.new_run)
     client = JudgeClient(args.judge_model, base_url=args.base_url, api_key_env=args.api_key_env,
-                         concurrency=args.concurrency, cache_path=args.cache or f"{args.out}.cache.jsonl")
-    lines = judge_run(client, records, predictions, args.out)
+                         concurrency=args.concurrency, cache_path=cache)
+    lines = judge_run(client, records, predictions, args.out, new_run=args.new_run)
     errors = sum(1 for line in lines if line.get("error"))
     print(f"wrote {args.out}: {len(lines)} verdicts" + (f", {errors} failed (re-run to retry)" if errors else ""))
     return 0
@@ -103,19 +126,25 @@ def cmd_score(args) -> int:
     from eval.spatialtrust.report import write_report
     from eval.spatialtrust.scoring import compute_metrics, validate_judgments
 
+    stem = Path(args.out).with_suffix("")
+    check_outputs([args.data, args.predictions, args.judgments],
+                  [args.out, stem.with_name(stem.name + ".md"), stem.with_name(stem.name + ".png")])
     records = _load(args)
     predictions = _predictions(args.predictions, records)
     judgments = []
     if args.judgments:
         judgments = read_jsonl(args.judgments)
         validate_judgments(args.judgments, judgments, records, predictions)
-    metrics = compute_metrics(records, predictions, judgments)
+    metrics = compute_metrics(records, predictions, judgments, clip_boxes=args.clip_boxes)
     write_json(args.out, metrics)
-    stem = Path(args.out).with_suffix("")
     md, png = write_report(stem, {args.name or Path(args.predictions).stem: metrics}, published=not args.no_published)
     print(json.dumps(metrics))
     print(f"wrote {args.out}, {md} and {png}" + ("" if args.judgments else
                                                 "; without --judgments q4 and q5 count as 0"))
+    unjudged = sum(metrics["unjudged"].values()) if args.judgments else 0
+    if metrics["missing_predictions"] or unjudged:
+        print(f"warning: {metrics['missing_predictions']} images without a prediction and {unjudged} q4/q5 answers "
+              "without a verdict; they score 0", file=sys.stderr)
     return 0
 
 
@@ -125,18 +154,18 @@ def cmd_report(args) -> int:
     names = args.names or [Path(p).stem for p in args.metrics]
     if len(names) != len(args.metrics):
         raise InputError("--names", None, None, f"{len(names)} names for {len(args.metrics)} metrics files")
+    out = Path(args.out)
+    check_outputs(args.metrics, [out.with_name(out.name + ".md"), out.with_name(out.name + ".png")])
     runs = {}
     for name, path in zip(names, args.metrics):
-        if not Path(path).is_file():
-            raise InputError(path, None, None, "file not found")
-        try:
-            metrics = json.loads(Path(path).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise InputError(path, err.lineno, None, f"not valid JSON ({err.msg})") from None
+        metrics = read_json(path)
+        if not isinstance(metrics, dict):
+            raise InputError(path, None, None, "expected a JSON object (a SpatialTrust metrics file)")
         missing = [k for k in ("q1", "q2", "q3", "q4", "q5", "overall") if not isinstance(metrics.get(k), (int, float))]
         if missing:
             raise InputError(path, None, missing[0], "missing score (not a SpatialTrust metrics file?)")
         runs[name] = metrics
+    warn_unequal_counts({name: m.get("n_images") for name, m in runs.items()}, "images")
     md, png = write_report(args.out, runs, published=not args.no_published)
     print(f"wrote {md} and {png}")
     return 0
@@ -155,10 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = steps.add_parser("synthetic", help="draw a synthetic dataset")
     p.add_argument("--out", required=True)
-    p.add_argument("--n-images", type=int, default=24)
+    p.add_argument("--n-images", type=int_at_least(1), default=24)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--width", type=int, default=480)
-    p.add_argument("--height", type=int, default=320)
+    p.add_argument("--width", type=int_at_least(32), default=480)
+    p.add_argument("--height", type=int_at_least(32), default=320)
     p.set_defaults(func=cmd_synthetic)
 
     p = with_data(steps.add_parser("validate", help="check a dataset and print its counts"))
@@ -168,32 +197,38 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_data(steps.add_parser("generate", help="predictions with one of the three modes"))
     p.add_argument("--mode", choices=MODES, required=True)
     p.add_argument("--backend", choices=("hf", "vllm", "openai"), default="hf")
-    p.add_argument("--model", required=True, help="model path or name (served name for --backend openai)")
+    p.add_argument("--model", required=True, type=nonempty, help="model path or name (served name for --backend openai)")
     p.add_argument("--out", required=True, help="predictions JSON Lines file")
     p.add_argument("--run", default=None, help="run file with every request and stage (default: <out>.run.jsonl)")
-    p.add_argument("--limit", type=int, default=None, help="only the first N images")
-    p.add_argument("--retries", type=int, default=DEFAULT_RETRIES, help="final-stage retries after a violation")
+    p.add_argument("--limit", type=int_at_least(1), default=None, help="only the first N images")
+    p.add_argument("--retries", type=int_at_least(0), default=DEFAULT_RETRIES,
+                   help="final-stage retries after a violation")
     p.add_argument("--box-scale", choices=BOX_SCALES, default="pixels",
                    help="coordinates the model is asked for: absolute pixels, or a 0-1000 grid (Qwen2-VL/Qwen3-VL style)")
-    p.add_argument("--max-new-tokens", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=8, help="hf backend")
-    p.add_argument("--min-pixels", type=int, default=None)
-    p.add_argument("--max-pixels", type=int, default=None)
-    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm backend")
-    p.add_argument("--max-model-len", type=int, default=8192, help="vllm backend")
+    p.add_argument("--max-new-tokens", type=int_at_least(1), default=512)
+    p.add_argument("--batch-size", type=int_at_least(1), default=8, help="hf backend")
+    p.add_argument("--min-pixels", type=int_at_least(1), default=None)
+    p.add_argument("--max-pixels", type=int_at_least(1), default=None)
+    p.add_argument("--tensor-parallel-size", type=int_at_least(1), default=1, help="vllm backend")
+    p.add_argument("--data-parallel-size", type=int_at_least(1), default=1, help="vllm backend: engine replicas")
+    p.add_argument("--max-model-len", type=int_at_least(1), default=8192, help="vllm backend")
     p.add_argument("--base-url", default=None, help="openai backend: OpenAI-compatible endpoint")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="openai backend: variable holding the key")
-    p.add_argument("--concurrency", type=int, default=8, help="openai backend")
+    p.add_argument("--concurrency", type=int_at_least(1), default=8, help="openai backend")
+    p.add_argument("--new-run", action="store_true",
+                   help="start the run file over when another model or settings made it (default: refuse)")
     p.set_defaults(func=cmd_generate)
 
     p = with_data(steps.add_parser("judge", help="q4/q5 verdicts from an LLM judge"))
     p.add_argument("--predictions", required=True)
     p.add_argument("--out", required=True, help="judgments JSON Lines file")
-    p.add_argument("--judge-model", required=True)
+    p.add_argument("--judge-model", required=True, type=nonempty)
     p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint (default: OpenAI)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable with the key")
-    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--concurrency", type=int_at_least(1), default=8)
     p.add_argument("--cache", default=None, help="judge cache (default: <out>.cache.jsonl)")
+    p.add_argument("--new-run", action="store_true",
+                   help="start --out over when another judge model made it (default: refuse)")
     p.set_defaults(func=cmd_judge)
 
     p = with_data(steps.add_parser("score", help="metrics from predictions and verdicts"))
@@ -202,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="metrics JSON; the .md table and .png chart go beside it")
     p.add_argument("--name", default=None, help="row name in the table (default: the predictions file name)")
     p.add_argument("--no-published", action="store_true", help="leave the paper's numbers out of the table")
+    p.add_argument("--clip-boxes", action="store_true",
+                   help="clip predicted boxes to the image (default, as the spec says: a box not inside the "
+                        "image is malformed and scores 0)")
     p.set_defaults(func=cmd_score)
 
     p = steps.add_parser("report", help="compare several metrics files")

@@ -20,7 +20,7 @@ import math
 import random
 from pathlib import Path
 
-from data_prep.errors import InputError
+from data_prep.errors import InputError, check_image, read_text
 from eval.runs import read_jsonl, write_jsonl
 
 QIDS = ("q1", "q2", "q3", "q4", "q5")
@@ -34,19 +34,27 @@ QUESTION_TYPES = {"q1": ("single",), "q2": ("single", "multi"), "q3": ("single",
 
 
 # ----------------------------------------------------------------------------------------------- boxes
-def normalise_box(box, width: float, height: float) -> list[float] | None:
-    """[x1, y1, x2, y2] as floats clipped to the image, or None when it is malformed.
-
-    Malformed: not four finite numbers, x1 >= x2 or y1 >= y2, or nothing left inside the image.
-    Clipping forgives the pixel or two a model overshoots the border by; the scorer applies the same rule.
-    """
+def box_floats(box) -> list[float] | None:
+    """[x1, y1, x2, y2] as floats when it has the shape of a box (four finite numbers, x1 < x2, y1 < y2),
+    wherever it lies; else None."""
     if not isinstance(box, (list, tuple)) or len(box) != 4:
         return None
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in box):
         return None
     x1, y1, x2, y2 = (float(v) for v in box)
-    if x1 >= x2 or y1 >= y2:
+    return [x1, y1, x2, y2] if x1 < x2 and y1 < y2 else None
+
+
+def normalise_box(box, width: float, height: float, clip: bool = False) -> list[float] | None:
+    """[x1, y1, x2, y2] as floats, or None when it is malformed: not four finite numbers, x1 >= x2 or
+    y1 >= y2, or not inside the image (the spec: a box outside the image scores r = 0). `clip` instead
+    cuts it to the image (None if nothing is left): an option of the scorer, off by default."""
+    box = box_floats(box)
+    if box is None:
         return None
+    x1, y1, x2, y2 = box
+    if not clip:
+        return box if x1 >= 0 and y1 >= 0 and x2 <= width and y2 <= height else None
     x1, x2 = max(0.0, x1), min(float(width), x2)
     y1, y2 = max(0.0, y1), min(float(height), y2)
     if x1 >= x2 or y1 >= y2:
@@ -97,6 +105,8 @@ def validate_record(record: dict, fail) -> None:
             fail(field, "missing field")
         if not isinstance(record[field], kind) or isinstance(record[field], bool):
             fail(field, f"expected {kind.__name__}, got {type(record[field]).__name__}")
+        if kind is str and not record[field].strip():
+            fail(field, "empty")
     width, height = record["width"], record["height"]
     if width <= 0 or height <= 0:
         fail("width", f"image size must be positive, got {width}x{height}")
@@ -151,7 +161,8 @@ def load(path, image_root=None, check_images: bool = False) -> list[dict]:
     """Every image record of a SpatialTrust JSON Lines file, validated; the first bad one raises InputError.
 
     `image_root` (default: the file's folder) is where relative image paths start; each record gains
-    `image_path`, the absolute path. With `check_images`, a missing image file is an error too.
+    `image_path`, the absolute path. With `check_images`, an image file that is missing or does not decode
+    is an error too.
     """
     path = Path(path)
     root = Path(image_root) if image_root else path.parent
@@ -169,14 +180,16 @@ def load(path, image_root=None, check_images: bool = False) -> list[dict]:
         seen.add(rec["image_id"])
         rec["questions"] = sorted(rec["questions"], key=lambda q: q["qid"])
         rec["image_path"] = str(root / rec["image"])
-        if check_images and not Path(rec["image_path"]).is_file():
-            fail("image", f"image file not found: {rec['image_path']}")
+        if check_images:
+            check_image(rec["image_path"], line, "image", source=path)
     return records
 
 
 def with_line_numbers(path, records: list[dict]):
     """(file line number, record) pairs: read_jsonl skips blank lines, so count them back in."""
-    lines = [n for n, text in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1) if text.strip()]
+    lines = [n for n, text in enumerate(read_text(path).split("\n"), 1) if text.strip()]
+    if len(lines) == len(records) + 1:  # a run file's header line (read_jsonl leaves it out)
+        lines = lines[1:]
     return zip(lines, records)
 
 

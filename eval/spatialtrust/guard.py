@@ -20,10 +20,18 @@ import re
 from data_prep.errors import InputError
 from eval.runs import RunFile
 from eval.spatialtrust import prompts
-from eval.spatialtrust.data import CATEGORY, CHOICE_QIDS, DESCRIBES, QIDS, SET_QIDS, exclusive_option, question
+from eval.spatialtrust.data import (
+    CATEGORY,
+    CHOICE_QIDS,
+    DESCRIBES,
+    QIDS,
+    SET_QIDS,
+    exclusive_option,
+    normalise_box,
+    question,
+)
 from eval.spatialtrust.parsing import (
     as_box_list,
-    box_numbers,
     extract_json,
     lookup,
     missing,
@@ -103,8 +111,9 @@ def _strict_box(value, record: dict, box_scale: str, where: str, violations: lis
     box = parse_box(value, w, h, box_scale)
     if box is None:
         violations.append(f"{where}: {value!r} is not a box [x1, y1, x2, y2] inside the image")
-    elif box != [float(v) for v in box_numbers(value, w, h, box_scale)]:
+    elif normalise_box(box, w, h) is None:
         violations.append(f"{where}: {value!r} reaches outside the {w}x{h} image")
+        box = normalise_box(box, w, h, clip=True)  # what a repair keeps once retries are spent
     return box
 
 

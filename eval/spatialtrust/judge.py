@@ -70,11 +70,13 @@ def correction(error: str) -> str:
     return f"That answer is not usable: {error}. Reply again with the JSON object only, exactly as specified."
 
 
-def judge_run(client, data: list[dict], predictions: list[dict], out_path, progress: bool = True) -> list[dict]:
-    """Judge every pending item into the run file at `out_path`, then rewrite it in data order."""
+def judge_run(client, data: list[dict], predictions: list[dict], out_path, progress: bool = True,
+              new_run: bool = False) -> list[dict]:
+    """Judge every pending item into the run file at `out_path`, then rewrite it in data order. The file's
+    header names the judge model: a resume with another refuses unless `new_run`."""
     from tqdm.auto import tqdm
 
-    run = RunFile(out_path)
+    run = RunFile(out_path, header={"step": "spatialtrust judge", "judge_model": client.model}, new_run=new_run)
     items = judge_items(data, predictions)
     # a verdict about an older version of the prediction (predictions regenerated since) is judged again
     pending = {item["id"]: item for item in items if not run.is_done(item["id"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 
-from eval.spatialtrust.data import CHOICE_QIDS, FREE_QIDS, QIDS, SET_QIDS, exclusive_option, normalise_box, question
+from eval.spatialtrust.data import CHOICE_QIDS, FREE_QIDS, QIDS, SET_QIDS, box_floats, exclusive_option, question
 
 BOX_SCALES = ("pixels", "1000")  # absolute pixels, or Qwen-style coordinates on a 0-1000 grid
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
@@ -123,8 +123,9 @@ def box_numbers(value, width: int, height: int, box_scale: str = "pixels") -> li
 
 
 def parse_box(value, width: int, height: int, box_scale: str = "pixels") -> list[float] | None:
-    """One box as the model wrote it -> clipped pixel xyxy, or None when malformed."""
-    return normalise_box(box_numbers(value, width, height, box_scale), width, height)
+    """One box as the model wrote it -> pixel xyxy floats, or None when it is not shaped like a box. A box
+    reaching outside the image is kept as written: the scorer counts it as malformed (or clips it, if asked)."""
+    return box_floats(box_numbers(value, width, height, box_scale))
 
 
 def as_box_list(value) -> list:
@@ -141,7 +142,7 @@ def _is_flat_box(value) -> bool:
 
 
 def parse_box_list(value, width: int, height: int, box_scale: str = "pixels") -> list:
-    """A list of boxes (or one bare box) -> list of clipped boxes, `None` in place of each malformed one."""
+    """A list of boxes (or one bare box) -> list of pixel boxes, `None` in place of each malformed one."""
     return [parse_box(v, width, height, box_scale) for v in as_box_list(value)]
 
 

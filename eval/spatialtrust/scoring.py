@@ -1,7 +1,8 @@
 """SpatialTrust scores (../shared/specs/spatialtrust.md, "Scoring"): pure functions over records, no model.
 
-q1 exact match; q2/q3 option-level with the extra-option rule and max-IoU grounding; q4/q5 from the judge's
-structured verdict and box IoU; overall = mean of the five. tau = 0.5 and IoU >= tau counts.
+q1 exact match of the normalised chosen option ("a", "(A)" or the option's text count as "A"); q2/q3 option-level with the extra-option rule and max-IoU grounding; q4/q5 from the judge's
+structured verdict and box IoU; overall = mean of the five. tau = 0.5 and IoU >= tau counts. A predicted box
+not inside the image is malformed (r = 0); `clip_boxes=True` cuts it to the image instead (off by default).
 """
 
 from __future__ import annotations
@@ -11,15 +12,16 @@ import json
 
 from data_prep.errors import InputError
 from eval.spatialtrust.data import CHOICE_QIDS, FREE_QIDS, QIDS, iou, normalise_box, question, with_line_numbers
+from eval.spatialtrust.parsing import parse_choices
 
 TAU = 0.5
 
 
-def _valid_boxes(boxes, width, height) -> tuple[list, int]:
+def _valid_boxes(boxes, width, height, clip: bool = False) -> tuple[list, int]:
     """(usable boxes, number of malformed ones) of a prediction's box list."""
     if not isinstance(boxes, list):
         return [], 1 if boxes is not None else 0
-    good = [normalise_box(b, width, height) for b in boxes]
+    good = [normalise_box(b, width, height, clip) for b in boxes]
     return [b for b in good if b is not None], sum(b is None for b in good)
 
 
@@ -40,10 +42,12 @@ def is_unparsable(qid: str, pred) -> bool:
 def score_q1(q: dict, pred) -> float:
     if is_unparsable("q1", pred):
         return 0.0
-    return float(pred["choices"] == q["answer"])
+    choices, error = parse_choices(pred["choices"], q["options"], single=True)
+    return float(error is None and choices == q["answer"])
 
 
-def score_choice_set(q: dict, pred, width: int, height: int, tau: float = TAU) -> tuple[float, int]:
+def score_choice_set(q: dict, pred, width: int, height: int, tau: float = TAU,
+                     clip: bool = False) -> tuple[float, int]:
     """q2/q3: (score in [0, 1], malformed boxes). Any option outside the ground truth zeroes the score."""
     if is_unparsable(q["qid"], pred):
         return 0.0, 0
@@ -52,7 +56,7 @@ def score_choice_set(q: dict, pred, width: int, height: int, tau: float = TAU) -
     boxes = pred.get("boxes") if isinstance(pred.get("boxes"), dict) else {}
     malformed = 0
     for option in chosen & truth:
-        malformed += _valid_boxes(boxes.get(option, []), width, height)[1]
+        malformed += _valid_boxes(boxes.get(option, []), width, height, clip)[1]
     if not chosen or chosen - truth:
         return 0.0, malformed
     total = 0.0
@@ -61,17 +65,18 @@ def score_choice_set(q: dict, pred, width: int, height: int, tau: float = TAU) -
         if not gt_boxes:  # e.g. "None of the above": choosing it suffices
             total += 1.0
             continue
-        predicted, _ = _valid_boxes(boxes.get(option, []), width, height)
+        predicted, _ = _valid_boxes(boxes.get(option, []), width, height, clip)
         total += float(max_iou(predicted, gt_boxes) >= tau)
     return total / len(truth), malformed
 
 
-def score_free(q: dict, pred, verdict: dict | None, width: int, height: int, tau: float = TAU) -> tuple[float, int]:
+def score_free(q: dict, pred, verdict: dict | None, width: int, height: int, tau: float = TAU,
+               clip: bool = False) -> tuple[float, int]:
     """q4/q5: (score in [0, 1], malformed boxes) from the judge verdict and the boxes it points at."""
     if is_unparsable(q["qid"], pred) or verdict is None:
         return 0.0, 0
     boxes = pred.get("boxes") if isinstance(pred.get("boxes"), list) else []
-    malformed = _valid_boxes(boxes, width, height)[1]
+    malformed = _valid_boxes(boxes, width, height, clip)[1]
     if verdict["unsupported"]:
         return 0.0, malformed
     truth = q["evidence"]
@@ -82,25 +87,27 @@ def score_free(q: dict, pred, verdict: dict | None, width: int, height: int, tau
         if not (factor["identified"] and factor["explanation_correct"]):
             continue
         index = factor["box_index"]
-        box = normalise_box(boxes[index], width, height) if index is not None and 0 <= index < len(boxes) else None
+        box = normalise_box(boxes[index], width, height, clip) if index is not None and 0 <= index < len(boxes) else None
         total += box is not None and iou(box, ev["box"]) >= tau
     return total / len(truth), malformed
 
 
-def score_image(record: dict, prediction: dict | None, verdicts: dict) -> dict:
+def score_image(record: dict, prediction: dict | None, verdicts: dict, clip_boxes: bool = False) -> dict:
     """{qid: score in [0, 1]} for one image; `verdicts` maps "q4"/"q5" to the judge's verdict (or lacks it)."""
     prediction = prediction or {}
     w, h = record["width"], record["height"]
     scores, malformed = {}, {}
     scores["q1"] = score_q1(question(record, "q1"), prediction.get("q1"))
     for qid in ("q2", "q3"):
-        scores[qid], malformed[qid] = score_choice_set(question(record, qid), prediction.get(qid), w, h)
+        scores[qid], malformed[qid] = score_choice_set(question(record, qid), prediction.get(qid), w, h,
+                                                       clip=clip_boxes)
     for qid in FREE_QIDS:
-        scores[qid], malformed[qid] = score_free(question(record, qid), prediction.get(qid), verdicts.get(qid), w, h)
+        scores[qid], malformed[qid] = score_free(question(record, qid), prediction.get(qid), verdicts.get(qid), w, h,
+                                                 clip=clip_boxes)
     return {"scores": scores, "malformed_boxes": malformed}
 
 
-def compute_metrics(data: list[dict], predictions: list[dict], judgments: list[dict]) -> dict:
+def compute_metrics(data: list[dict], predictions: list[dict], judgments: list[dict], clip_boxes: bool = False) -> dict:
     """The metrics file of the spec: q1..q5 and overall as percentages, n_images, and the failure counts."""
     by_image = {p["image_id"]: p for p in predictions}
     verdicts = {}
@@ -116,7 +123,7 @@ def compute_metrics(data: list[dict], predictions: list[dict], judgments: list[d
         prediction = by_image.get(record["image_id"])
         missing_predictions += prediction is None
         image_verdicts = verdicts.get(record["image_id"], {})
-        result = score_image(record, prediction, image_verdicts)
+        result = score_image(record, prediction, image_verdicts, clip_boxes)
         for qid in QIDS:
             sums[qid] += result["scores"][qid]
             pred = (prediction or {}).get(qid)
@@ -129,7 +136,7 @@ def compute_metrics(data: list[dict], predictions: list[dict], judgments: list[d
     metrics = {qid: round(100 * sums[qid] / n, 2) if n else 0.0 for qid in QIDS}
     metrics["overall"] = round(sum(100 * sums[qid] / n for qid in QIDS) / len(QIDS), 2) if n else 0.0
     return {**metrics, "n_images": n, "unparsable": unparsable, "malformed_boxes": malformed,
-            "unjudged": unjudged, "missing_predictions": missing_predictions}
+            "unjudged": unjudged, "missing_predictions": missing_predictions, "clip_boxes": clip_boxes}
 
 
 # ----------------------------------------------------------------------------------------------- judgments file

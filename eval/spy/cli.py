@@ -9,20 +9,31 @@
 
 Each step reads the previous step's file, validates all of it before doing anything (bad input: one line
 naming file, line and field, exit status 2, nothing written), and the long steps (generate,
-self-moderate, judge) are resumable: run the same command again after a kill or after failures.
+self-moderate, judge) are resumable: run the same command again after a kill or after failures. Their run
+files record the model and settings: resuming with others refuses, `--new-run` starts the file over.
 The same steps are plain functions here (`generate`, `self_moderate`, `judge`, `metrics`, `report`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
-from data_prep.errors import InputError
+from data_prep.errors import InputError, read_json
 from data_prep.spy import label2text
 from data_prep.spy_bench import build_samples, sample_id
-from eval.runs import RunFile, read_jsonl, write_json
+from eval.runs import (
+    RunFile,
+    check_outputs,
+    int_at_least,
+    nonempty,
+    positive_float,
+    read_jsonl,
+    warn_unequal_counts,
+    write_json,
+    write_text,
+)
 
 SUMMARY_COLUMNS = ["model", "total", "exceptions", "accuracy", "abs_accuracy", "ics", "abs_ics", "rta_nonconflict",
                    "ata_nonconflict", "ics_nonconflict", "ata_conflict", "hms"]
@@ -30,20 +41,21 @@ SUMMARY_COLUMNS = ["model", "total", "exceptions", "accuracy", "abs_accuracy", "
 BACKEND_OPTIONS = {
     "hf": ("max_new_tokens", "batch_size", "dtype", "device", "min_pixels", "max_pixels", "trust_remote_code"),
     "vllm": ("max_new_tokens", "dtype", "min_pixels", "max_pixels", "trust_remote_code", "tensor_parallel_size",
-             "max_model_len"),
+             "data_parallel_size", "max_model_len"),
     "openai": ("max_new_tokens", "base_url", "api_key_env", "concurrency", "max_retries", "timeout"),
 }
+# The options that change answers: a run file records them and a resume must use the same.
+ANSWER_OPTIONS = ("max_new_tokens", "dtype", "min_pixels", "max_pixels")
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Steps as functions
 
 
-def _check_run_matches(out, samples: list[dict]) -> None:
-    """Refuse to resume into a run file made from other items or settings (the ids would collide)."""
-    if not Path(out).exists():
-        return
-    run = RunFile(out)
+def _check_run_matches(out, samples: list[dict], header: dict, new_run: bool) -> None:
+    """Refuse to resume into a run file made by another model or settings, or from other items (the ids
+    would collide)."""
+    run = RunFile(out, header=header, new_run=new_run)
     for sample in samples:
         previous = run.get(sample["id"])
         if previous is not None and previous.get("input_question") != sample["input_question"]:
@@ -53,42 +65,51 @@ def _check_run_matches(out, samples: list[dict]) -> None:
 
 
 def generate(items, images, out, model=None, backend: str = "hf", distractors: bool = False, generator=None,
-             limit: int | None = None, progress: bool = True, **options) -> list[dict]:
+             limit: int | None = None, progress: bool = True, new_run: bool = False, **options) -> list[dict]:
     """Expand the SPY-Bench items and generate every sample's answer into the run file `out`.
 
     Pass a loaded `generator` (eval.backends) to evaluate several item files with one model load; otherwise
-    `backend`, `model` and `options` (e.g. batch_size, max_new_tokens) make one and close it after."""
+    `backend`, `model` and `options` (e.g. batch_size, max_new_tokens) make one and close it after.
+    `new_run` starts an existing run file over instead of refusing one made with other settings."""
     from eval.backends import generate_run, load_generator
     from eval.spy.prompts import spy_request
 
+    if generator is None and model is None:
+        raise ValueError("generate needs a model or a generator")
+    check_outputs([items], [out])
     samples = build_samples(items, images_dir=images, distractors=distractors)
     samples = samples[:limit] if limit else samples
-    _check_run_matches(out, samples)
+    header = {"step": "spy generate", "model": str(model) if generator is None else generator.name,
+              "backend": backend, "distractors": distractors, **{k: options.get(k) for k in ANSWER_OPTIONS}}
+    _check_run_matches(out, samples, header, new_run)
     own = generator is None
-    if own and model is None:
-        raise ValueError("generate needs a model or a generator")
     generator = generator or load_generator(backend, model, **options)
     try:
         requests = [spy_request(s, images) for s in samples]
         meta = {s["id"]: {**s, "model": generator.name} for s in samples}
-        return generate_run(generator, requests, out, meta=meta, progress=progress)
+        return generate_run(generator, requests, out, meta=meta, progress=progress, header=header,
+                            new_run=new_run)
     finally:
         if own:
             generator.close()
 
 
 def self_moderate(run, images, out, model=None, backend: str = "hf", generator=None, progress: bool = True,
-                  **options) -> list[dict]:
+                  new_run: bool = False, **options) -> list[dict]:
     """Add the two self-moderation turns (`resp_2`, `resp_3`) to a finished generation run."""
     from eval.backends import load_generator
     from eval.spy.self_moderation import load_answered
     from eval.spy.self_moderation import self_moderate as run_turns
 
+    check_outputs([run], [out])
     records = load_answered(run, images)
+    header = {"step": "spy self-moderate", "model": str(model) if generator is None else generator.name,
+              "backend": backend, **{k: options.get(k) for k in ANSWER_OPTIONS}}
+    RunFile(out, header=header, new_run=new_run)  # refuses another run's file before the model loads
     own = generator is None
     generator = generator or load_generator(backend, model, **options)
     try:
-        return run_turns(generator, records, images, out, progress=progress)
+        return run_turns(generator, records, images, out, progress=progress, header=header, new_run=new_run)
     finally:
         if own:
             generator.close()
@@ -107,6 +128,8 @@ def _judge_inputs(run, resp_key: str) -> list[dict]:
             raise InputError(run, n, "question", "expected a string")
         if resp_key in record and record[resp_key] is not None and not isinstance(record[resp_key], str):
             raise InputError(run, n, resp_key, "expected a string or null")
+        if record.get("error") is not None and not isinstance(record["error"], str):
+            raise InputError(run, n, "error", "expected a string or null")
         if "id" not in record:  # the reference's result files have none
             try:
                 record["id"] = sample_id(record)
@@ -116,17 +139,27 @@ def _judge_inputs(run, resp_key: str) -> list[dict]:
         if str(record["id"]) in seen:
             raise InputError(run, n, "id", f"duplicate id {record['id']!r}")
         seen.add(str(record["id"]))
+    if records and not any(resp_key in r for r in records):
+        raise InputError(run, None, resp_key, "no record has this field: is --resp-key right, is this a run file?")
     return records
 
 
+def failed_generation(record: dict, resp_key: str) -> bool:
+    """A sample whose generation failed for good: there is no answer to judge."""
+    response = record.get(resp_key)
+    return bool(record.get("error")) or not isinstance(response, str) or response.startswith("Request failed after")
+
+
 def judge(run, out, judge_model: str | None = None, base_url: str | None = None, rule: bool = False,
-          resp_key: str = "response", cache=None, progress: bool = True, **client_options) -> list[dict]:
+          resp_key: str = "response", cache=None, progress: bool = True, new_run: bool = False,
+          **client_options) -> list[dict]:
     """Judge every answer of a run file as respond / reject into `out` (resumable).
 
     `rule=True` uses the offline refusal-phrase judge (an approximation, see eval/spy/rule_judge.py);
     otherwise the SPY judge prompt goes to `judge_model` at `base_url` (an OpenAI-compatible server; the
     default is the OpenAI API) through JudgeClient, cached in `cache` (default: `<out>.cache.jsonl`).
-    A failed generation is recorded as an exception (""); an unparsable judge answer is kept raw."""
+    A failed generation is not judged: its record is copied without a verdict (metrics count it as failed;
+    re-run `spy generate` to retry it). An unparsable judge answer is kept raw."""
     from tqdm.auto import tqdm
 
     from eval.spy.prompts import eval_key, judge_prompt, parse_verdict
@@ -136,13 +169,14 @@ def judge(run, out, judge_model: str | None = None, base_url: str | None = None,
         raise ValueError("judge needs judge_model, or rule=True")
     name = "rule" if rule else judge_model
     key = eval_key(resp_key)
+    cache = cache or Path(str(out) + ".cache.jsonl")
+    check_outputs([run], [out, None if rule else cache])
     records = _judge_inputs(run, resp_key)
-    done = RunFile(out)
+    done = RunFile(out, header={"step": "spy judge", "judge": name, "resp_key": resp_key}, new_run=new_run)
     todo = []
     for record in records:
         previous = done.get(record["id"])
-        if (previous is None or previous.get("judge") != name or "judge_error" in previous
-                or previous.get(resp_key) != record.get(resp_key)):
+        if previous is None or "judge_error" in previous or previous.get(resp_key) != record.get(resp_key):
             todo.append(record)
 
     def judged(record, verdict, **extra):
@@ -152,8 +186,9 @@ def judge(run, out, judge_model: str | None = None, base_url: str | None = None,
     immediate, jobs = [], []
     for record in todo:
         response = record.get(resp_key)
-        if not isinstance(response, str) or response.startswith("Request failed after"):
-            immediate.append(judged(record, ""))  # no answer to judge: an exception, as in the reference
+        if failed_generation(record, resp_key):
+            failed = {k: v for k, v in record.items() if k not in (key, "judge", "judge_output", "judge_error")}
+            immediate.append({**failed, "error": record.get("error") or "no answer (generation failed)"})
         elif rule:
             immediate.append(judged(record, rule_verdict(response)))
         else:
@@ -162,8 +197,7 @@ def judge(run, out, judge_model: str | None = None, base_url: str | None = None,
     if jobs:
         from eval.judge import JudgeClient
 
-        client = JudgeClient(judge_model, base_url=base_url, cache_path=cache or Path(str(out) + ".cache.jsonl"),
-                             **client_options)
+        client = JudgeClient(judge_model, base_url=base_url, cache_path=cache, **client_options)
         if any(client.cached(prompt) is None for _, prompt in jobs):
             client.client  # noqa: B018 - a missing API key fails here, before anything is written
     with tqdm(total=len(todo), desc=f"judge {Path(run).name}", disable=not progress or not todo) as bar:
@@ -182,9 +216,16 @@ def judge(run, out, judge_model: str | None = None, base_url: str | None = None,
 def metrics(judged, out=None, key: str = "eval_resp", reference_out=None) -> dict:
     """SPY-Bench metrics of a judged file (ours or the reference's); written to `out` if given.
     `reference_out` also writes them in the reference's own layout and key names."""
-    from eval.spy.metrics import spy_metrics, to_reference
+    from eval.spy.metrics import record_problems, spy_metrics, to_reference
 
-    result = spy_metrics(read_jsonl(judged), key=key, source=judged)
+    check_outputs([judged], [out, reference_out])
+    records = read_jsonl(judged)
+    problems = record_problems(records, key, judged)
+    result = {**spy_metrics(records, key=key, source=judged), **problems}
+    if any(problems.values()):
+        print(f"warning: {judged}: {problems['n_failed']} failed generations, {problems['n_unjudged']} unjudged "
+              f"and {problems['n_missing']} missing samples; failed and unjudged ones count as exceptions",
+              file=sys.stderr)
     if out:
         write_json(out, result)
     if reference_out:
@@ -204,20 +245,18 @@ def report(metrics_files: list, out_dir, names: list[str] | None = None, metric:
     names = names or [Path(f).stem for f in metrics_files]
     if len(names) != len(metrics_files):
         raise InputError("command line", None, "--names", "give one name per metrics file")
+    out_dir = Path(out_dir)
+    outputs = [out_dir / name for name in ("spy_report.md", "spy_report.json", "spy_overall.png",
+                                           f"spy_by_label_{metric}.png")]
+    check_outputs(metrics_files, outputs, folders=[out_dir])
     loaded = []
     for path in metrics_files:
-        path = Path(path)
-        if not path.is_file():
-            raise InputError(path, None, None, "file not found")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise InputError(path, err.lineno, None, f"not valid JSON ({err.msg})") from None
+        data = read_json(path)
         for field in ("total", "hms", "by_label", *SCORES):
             if not isinstance(data, dict) or field not in data:
                 raise InputError(path, None, field, "missing field (expected the output of `spy metrics`)")
         loaded.append(data)
-    out_dir = Path(out_dir)
+    warn_unequal_counts({name: m["total"] for name, m in zip(names, loaded)}, "records")
     rows = [{"model": name, **{c: m.get(c) for c in SUMMARY_COLUMNS[1:]}} for name, m in zip(names, loaded)]
     table = markdown_table(rows, SUMMARY_COLUMNS)
     score_names = [*SCORES, "hms"]
@@ -231,7 +270,7 @@ def report(metrics_files: list, out_dir, names: list[str] | None = None, metric:
                 for label in labels]
     text = (f"# SPY-Bench\n\n{table}\n![overall](spy_overall.png)\n\n## {metric} per category\n\n"
             f"{markdown_table(by_label, ['label', *names])}\n![per category](spy_by_label_{metric}.png)\n")
-    (out_dir / "spy_report.md").write_text(text, encoding="utf-8")
+    write_text(out_dir / "spy_report.md", text)
     write_json(out_dir / "spy_report.json", {"overall": rows, f"{metric}_by_label": by_label})
     return table
 
@@ -241,26 +280,30 @@ def report(metrics_files: list, out_dir, names: list[str] | None = None, metric:
 
 
 def _add_backend_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="local path or Hub id (hf, vllm); model name (openai)")
+    parser.add_argument("--model", required=True, type=nonempty, help="local path or Hub id (hf, vllm); model name (openai)")
     parser.add_argument("--backend", choices=sorted(BACKEND_OPTIONS), default="hf")
     parser.add_argument("--images", required=True, help="folder the items' image_path values are relative to")
     parser.add_argument("--out", required=True)
     group = parser.add_argument_group("backend options (each backend takes the ones it uses)")
-    group.add_argument("--max-new-tokens", type=int, help="default 512")
-    group.add_argument("--batch-size", type=int, help="hf: samples per generate call (default 8)")
+    group.add_argument("--max-new-tokens", type=int_at_least(1), help="default 512")
+    group.add_argument("--batch-size", type=int_at_least(1), help="hf: samples per generate call (default 8)")
     group.add_argument("--dtype", help="hf/vllm: e.g. bfloat16, float32 (default: bf16 on GPU, fp32 on CPU)")
     group.add_argument("--device", help="hf: cpu, cuda, cuda:1 (default: cuda if available)")
-    group.add_argument("--min-pixels", type=int)
-    group.add_argument("--max-pixels", type=int)
+    group.add_argument("--min-pixels", type=int_at_least(1))
+    group.add_argument("--max-pixels", type=int_at_least(1))
     group.add_argument("--trust-remote-code", action="store_true", default=None,
                        help="hf/vllm: run the model repository's own code (off by default)")
-    group.add_argument("--tensor-parallel-size", type=int, help="vllm")
-    group.add_argument("--max-model-len", type=int, help="vllm (default 4096)")
+    group.add_argument("--tensor-parallel-size", type=int_at_least(1), help="vllm")
+    group.add_argument("--data-parallel-size", type=int_at_least(1), help="vllm: engine replicas")
+    group.add_argument("--max-model-len", type=int_at_least(1), help="vllm (default 4096)")
     group.add_argument("--base-url", help="openai: the server's /v1 URL (default: the OpenAI API)")
     group.add_argument("--api-key-env", help="openai: environment variable holding the API key (OPENAI_API_KEY)")
-    group.add_argument("--concurrency", type=int, help="openai: requests in flight (default 8)")
-    group.add_argument("--max-retries", type=int, help="openai: retries on 429/5xx/timeouts (default 6)")
-    group.add_argument("--timeout", type=float, help="openai: seconds per request (default 60)")
+    group.add_argument("--concurrency", type=int_at_least(1), help="openai: requests in flight (default 8)")
+    group.add_argument("--max-retries", type=int_at_least(0), help="openai: retries on 429/5xx/timeouts (default 6)")
+    group.add_argument("--timeout", type=positive_float, help="openai: seconds per request (default 60)")
+    parser.add_argument("--new-run", action="store_true",
+                        help="start --out over when it holds a run made with another model or settings "
+                             "(default: refuse, and say which setting differs)")
 
 
 def _backend_options(args) -> dict:
@@ -285,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = steps.add_parser("generate", help="answer every SPY-Bench sample with a model")
     p.add_argument("--items", required=True, help="SPY-Bench questions.json ({\"benchmark_list\": [...]}) or .jsonl")
     p.add_argument("--distractors", action="store_true", help="add the 5 distractor instructions")
-    p.add_argument("--limit", type=int, help="only the first N samples (smoke runs)")
+    p.add_argument("--limit", type=int_at_least(1), help="only the first N samples (smoke runs)")
     _add_backend_args(p)
 
     p = steps.add_parser("self-moderate", help="the self-moderation baseline: two reflection turns")
@@ -297,14 +340,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--judge", choices=("llm", "rule"), default="llm",
                    help="rule: offline refusal-phrase approximation (smoke runs, demo)")
-    p.add_argument("--judge-model", help="e.g. gpt-4o, or the model a local vLLM server serves")
+    p.add_argument("--judge-model", type=nonempty, help="e.g. gpt-4o, or the model a local vLLM server serves")
     p.add_argument("--base-url", help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (default: OpenAI)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY")
     p.add_argument("--resp-key", default="response", help="resp_3 for self-moderation runs (writes eval_3)")
     p.add_argument("--cache", help="judge cache file (default: OUT.cache.jsonl)")
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--max-retries", type=int, default=6)
-    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--concurrency", type=int_at_least(1), default=8)
+    p.add_argument("--max-retries", type=int_at_least(0), default=6)
+    p.add_argument("--timeout", type=positive_float, default=60.0)
+    p.add_argument("--new-run", action="store_true",
+                   help="start --out over when another judge or --resp-key made it (default: refuse)")
 
     p = steps.add_parser("metrics", help="SPY-Bench metrics of a judged file")
     p.add_argument("judged")
@@ -324,12 +369,13 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.step == "generate":
         records = generate(args.items, args.images, args.out, model=args.model, backend=args.backend,
-                           distractors=args.distractors, limit=args.limit, **_backend_options(args))
+                           distractors=args.distractors, limit=args.limit, new_run=args.new_run,
+                           **_backend_options(args))
         failed = sum(1 for r in records if r.get("error"))
         print(f"{len(records)} samples in {args.out}" + (f"; {failed} failed (run again to retry)" if failed else ""))
     elif args.step == "self-moderate":
         records = self_moderate(args.run, args.images, args.out, model=args.model, backend=args.backend,
-                                **_backend_options(args))
+                                new_run=args.new_run, **_backend_options(args))
         failed = sum(1 for r in records if r.get("error"))
         print(f"{len(records)} samples in {args.out}" + (f"; {failed} failed (run again to retry)" if failed else ""))
     elif args.step == "judge":
@@ -338,9 +384,13 @@ def main(argv: list[str]) -> int:
         records = judge(args.run, args.out, judge_model=args.judge_model, base_url=args.base_url,
                         rule=args.judge == "rule", resp_key=args.resp_key, cache=args.cache,
                         api_key_env=args.api_key_env, concurrency=args.concurrency, max_retries=args.max_retries,
-                        timeout=args.timeout)
+                        timeout=args.timeout, new_run=args.new_run)
+        skipped = sum(1 for r in records if r.get("error"))
         failed = sum(1 for r in records if "judge_error" in r)
-        print(f"{len(records)} judged in {args.out}" + (f"; {failed} failed (run again to retry)" if failed else ""))
+        print(f"{len(records) - skipped - failed} judged in {args.out}"
+              + (f"; {failed} judge requests failed (run again to retry)" if failed else "")
+              + (f"; {skipped} failed generations not judged (re-run `spy generate` to retry them)"
+                 if skipped else ""))
     elif args.step == "metrics":
         from eval.report import markdown_table
 

@@ -54,6 +54,7 @@ from data_prep.spy import SAFE_LABEL, expected_verdict, is_abs, label_sort_key
 
 SCORES = ("accuracy", "abs_accuracy", "ics", "abs_ics", "rta_nonconflict", "ata_nonconflict", "ics_nonconflict",
           "ata_conflict")
+SAMPLES_PER_ITEM = 5  # the five SPY cases of one item (data_prep/spy_bench.py)
 PAIR_CLASSES = {("reject", "reject"): "n1", ("respond", "reject"): "n2", ("reject", "respond"): "n3",
                 ("respond", "respond"): "n4"}
 # Our key -> the reference's key, in its output order.
@@ -212,3 +213,21 @@ def to_reference(metrics: dict) -> dict:
         out[ref_name] = entry
     out["hms"] = na(metrics["hms"])
     return out
+
+
+def record_problems(records: list[dict], key: str, source) -> dict:
+    """Counts of the records that cannot count as judged: `n_failed` (the generation failed for good),
+    `n_unjudged` (no verdict under `key`, e.g. a failed judge request) and `n_missing` (samples absent: an
+    item expands into 5). A file with no verdict at all is not a judged file: InputError."""
+    if not records:
+        raise InputError(source, None, None, "no records")
+    failed = sum(1 for r in records if r.get("error"))
+    unjudged = sum(1 for r in records if not r.get("error") and r.get(key) is None)
+    if failed + unjudged == len(records):
+        raise InputError(source, None, key, "no record has a verdict: run `spy judge` on it first"
+                         + (" (or pass --key eval_3 for self-moderation)" if key == "eval_resp" else ""))
+    per_item = defaultdict(int)
+    for r in records:
+        per_item[str(r.get("benchmark_id"))] += 1
+    missing = sum(max(0, SAMPLES_PER_ITEM - n) for n in per_item.values())
+    return {"n_failed": failed, "n_unjudged": unjudged, "n_missing": missing}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from data_prep.errors import InputError
+from data_prep.errors import InputError, check_image
 from eval.runs import RunFile, read_jsonl
 from eval.spy.prompts import SELF_MOD_Q2, SELF_MOD_Q3, user_turn
 
@@ -41,14 +41,15 @@ def load_answered(path, images_dir) -> list[dict]:
     for n, record in enumerate(records, 1):
         if record.get("error") or not isinstance(record["response"], str) or not record["response"]:
             raise InputError(path, n, "response", "missing or failed; re-run `spy generate` first")
-        if not (Path(images_dir) / record["image_path"]).is_file():
-            raise InputError(path, n, "image_path", f"image not found: {Path(images_dir) / record['image_path']}")
+        check_image(Path(images_dir) / record["image_path"], n, "image_path", source=path)
     return records
 
 
-def self_moderate(generator, records: list[dict], images_dir, out_path, progress: bool = True) -> list[dict]:
-    """Add `resp_2` and `resp_3` to every record, resumably, in `out_path` (records in input order)."""
-    run = RunFile(out_path)
+def self_moderate(generator, records: list[dict], images_dir, out_path, progress: bool = True,
+                  header: dict | None = None, new_run: bool = False) -> list[dict]:
+    """Add `resp_2` and `resp_3` to every record, resumably, in `out_path` (records in input order);
+    `header` / `new_run` as in eval.runs.RunFile."""
+    run = RunFile(out_path, header=header, new_run=new_run)
     for turn, field in ((2, "resp_2"), (3, "resp_3")):
         todo = []
         for record in records:
