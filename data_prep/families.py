@@ -1,6 +1,5 @@
 """The supported model families and what differs between them, keyed by the checkpoint config's `model_type`.
 
-- `tag`: the model card tag of the family.
 - `shared_vision`: the backbone can encode each image once and hand its features to every sequence that shows
   it (losses/shared_vision.py). Gemma 3 scatters its pooled image tokens inside a forward that takes pixel
   values only, so it trains on the plain path.
@@ -17,16 +16,12 @@ from __future__ import annotations
 from data_prep.errors import InputError
 
 FAMILIES = {
-    "qwen2_vl": {"tag": "qwen2-vl", "shared_vision": True, "pixel_bounds": True},
-    "qwen2_5_vl": {"tag": "qwen2.5-vl", "shared_vision": True, "pixel_bounds": True},
-    "qwen3_vl": {"tag": "qwen3-vl", "shared_vision": True, "pixel_bounds": True},
-    "qwen3_vl_moe": {"tag": "qwen3-vl-moe", "shared_vision": True, "pixel_bounds": True},
-    "gemma3": {"tag": "gemma3", "shared_vision": False, "pixel_bounds": False},
+    "qwen2_vl": {"shared_vision": True, "pixel_bounds": True},
+    "qwen2_5_vl": {"shared_vision": True, "pixel_bounds": True},
+    "qwen3_vl": {"shared_vision": True, "pixel_bounds": True},
+    "qwen3_vl_moe": {"shared_vision": True, "pixel_bounds": True},
+    "gemma3": {"shared_vision": False, "pixel_bounds": False},
 }
-
-
-def family_tag(model_type: str) -> str:
-    return FAMILIES.get(model_type, {}).get("tag", model_type.replace("_", "-"))
 
 
 def supports_shared_vision(model_type: str) -> bool:

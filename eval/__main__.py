@@ -18,6 +18,8 @@ COMMANDS = {
     "composite": "eval.general.composite",
     "geo": "eval.geoprivacy.cli",
     "spatialtrust": "eval.spatialtrust.cli",
+    "suite": "eval.suite",
+    "compare": "eval.compare",
 }
 
 

@@ -43,7 +43,13 @@ def test_demo_pipeline_end_to_end(tmp_path):
     for stage in ("base", "sft", "nca_p"):
         assert metric_keys <= set(report[stage]) and metric_keys <= set(report["with_distractors"][stage])
         assert report[stage]["total"] == 40
-    judged = read_jsonl(out / "eval" / "nca_p_with_distractors_judged.jsonl")  # without the run header line
+    # each stage went through the evaluation suite (eval/suites/demo.yaml), and the leaderboard compares them
+    suite = json.loads((out / "suite" / "nca_p" / "results.json").read_text())
+    assert {r["benchmark"] for r in suite["headline"]} == {"SPY-Bench", "SpatialTrust"}
+    assert (out / "suite" / "base" / "report.png").exists() and (out / "leaderboard" / "compare.md").exists()
+    assert report["nca_p"]["spatialtrust_overall"] == next(r["value"] for r in suite["headline"]
+                                                           if r["metric"] == "overall")
+    judged = read_jsonl(out / "suite" / "nca_p" / "spy" / "with_distractors" / "judged.jsonl")  # no header line
     assert len(judged) == 40 and all(r["eval_resp"] in ("respond", "reject") for r in judged)
     assert all(len(r["input_question"].split("\n\n")[0].split("\n")) == 6 for r in judged)
 

@@ -16,7 +16,6 @@ import pytest
 from safetensors.torch import load_file
 
 from data_prep.errors import new_file_mode
-from data_prep.families import family_tag
 from train.common import METHOD_NAMES
 from train.tiny_model import FAMILIES
 
@@ -72,8 +71,9 @@ def test_method_trains_and_saves(script, recipe, method, family, tiny_family_dir
     for weights in (out / "model.safetensors", out / "checkpoint-2" / "model.safetensors"):
         assert weights.stat().st_mode & 0o777 == new_file_mode()
     card = (out / "README.md").read_text()
-    assert f"base_model: {tiny_model_dir}" in card and f"**{METHOD_NAMES[method]}**" in card
-    assert f"- {family_tag(family)}\n" in card  # the family tag comes from the saved config
+    # a local base is no Hub id: the card names its absolute path in the text, not as base_model metadata
+    assert f"`{tiny_model_dir}` fine-tuned with **{METHOD_NAMES[method]}**" in card and "base_model" not in card
+    assert f"- {family}\n" in card  # the family's tag: the saved config's model_type
     if method != "sft":
         assert any("rewards/accuracies" in entry for entry in history)
     if method == "nca_p":
@@ -95,6 +95,11 @@ def test_nca_p_with_lora_tracked_in_wandb(tiny_model_dir, synthetic_dir, tmp_pat
     assert len(runs) == 1
     logged = b"".join(p.read_bytes() for p in runs[0].rglob("*.wandb"))
     assert b"rewards/accuracies_private" in logged
+    # the run config holds the script and model arguments (data, distractors, LoRA), the method is a tag
+    for key in (b"script/train_data_path", b"script/add_distractors", b"model/lora_target_modules", b"model/lora_r",
+                b"model/model_name_or_path"):
+        assert key in logged, key
+    assert b"nca_p" in logged
 
 
 def test_resume_reaches_the_same_state(tiny_model_dir, synthetic_dir, tmp_path):

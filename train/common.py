@@ -1,11 +1,9 @@
-"""What every entry script shares: the recipe parser, model and processor loading, the SPY-Tune datasets,
-and saving, the model card and publishing at the end of a run."""
+"""What every entry script shares: the recipe parser, model and processor loading, the SPY-Tune datasets.
+Saving, the model card and publishing at the end of a run are in train/card.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import json
 import os
 import re
 import sys
@@ -255,103 +253,3 @@ def resume_checkpoint(training_args):
     if value is None or str(value).lower() in ("false", "none", ""):
         return None
     return True if str(value).lower() in ("true", "last") else value
-
-
-def _recipe_dict(*configs) -> dict:
-    keep = {}
-    for config in configs:
-        for f in dataclasses.fields(config):
-            value = getattr(config, f.name)
-            if f.name.startswith("_") or "token" in f.name:  # never write credentials into the card
-                continue
-            # Enums and paths become their plain values, so the recipe reads back as YAML
-            keep[f.name] = json.loads(json.dumps(value, default=str))
-    return keep
-
-
-def write_model_card(output_dir, method: str, base_model: str, script_args, training_args, model_args,
-                     train_metrics: dict | None = None, model_type: str = "qwen2_vl") -> Path:
-    """README.md with Hub metadata: base model, method, recipe, data and the metrics known so far; the family
-    tag comes from the model config's `model_type`."""
-    from huggingface_hub import ModelCard, ModelCardData
-
-    from data_prep.families import family_tag
-
-    recipe = _recipe_dict(script_args, training_args, model_args)
-    card_data = ModelCardData(
-        base_model=base_model, library_name="transformers", pipeline_tag="image-text-to-text",
-        tags=["privacy-align", method, "trl", family_tag(model_type), "privacy"], datasets=[script_args.dataset_name],
-    )
-    metrics = ""
-    if train_metrics:
-        metrics += "\n## Training metrics (last logged step)\n\n" + _table(train_metrics)
-    content = f"""---
-{card_data.to_yaml()}
----
-
-# {Path(output_dir).name}
-
-`{base_model}` fine-tuned with **{METHOD_NAMES[method]}** on **{script_args.dataset_name}** by
-[privacy-align](https://github.com/privacy-align/privacy-align), to follow privacy boundaries that users state
-in plain language (SPY-Tune / SPY-Bench).
-
-- Method: `{method}`{f" (loss {', '.join(getattr(training_args, 'loss_type', []))}, beta {training_args.beta})"
-                        if hasattr(training_args, "beta") else ""}
-- Data: `{script_args.train_data_path}` (images under `{script_args.image_folder}`), distractor instructions:
-  {script_args.add_distractors}
-- Steps: {training_args.max_steps if training_args.max_steps > 0 else f"{training_args.num_train_epochs} epochs"},
-  learning rate {training_args.learning_rate}, per-device batch {training_args.per_device_train_batch_size}
-{metrics}
-## Recipe
-
-```yaml
-{yaml.safe_dump(recipe, sort_keys=True)}```
-"""
-    card = ModelCard(content)
-    path = Path(output_dir) / "README.md"
-    card.save(path)
-    return path
-
-
-def add_card_evaluation(output_dir, title: str, metrics: dict) -> None:
-    """Add measured metrics to a saved model card, above its recipe (the metrics are known after training)."""
-    path = Path(output_dir) / "README.md"
-    text = path.read_text()
-    section = f"## Evaluation: {title}\n\n{_table(metrics)}\n"
-    head, sep, recipe = text.partition("## Recipe")
-    path.write_text(f"{head}{section}\n{sep}{recipe}" if sep else f"{text}\n{section}")
-
-
-def _table(metrics: dict) -> str:
-    rows = "".join(f"| {k} | {v:.4g} |\n" if isinstance(v, float) else f"| {k} | {v} |\n" for k, v in metrics.items())
-    return "| metric | value |\n|---|---|\n" + rows
-
-
-def finish(trainer, method: str, script_args, training_args, model_args) -> None:
-    """Save safetensors weights + processor + model card; publish to the Hub when the recipe says so."""
-    trainer.save_model(training_args.output_dir)
-    if not trainer.accelerator.is_main_process:
-        return
-    logged = [entry for entry in trainer.state.log_history if "loss" in entry or "train_loss" in entry]
-    train_metrics = {k: v for entry in logged[-1:] for k, v in entry.items()}
-    write_model_card(training_args.output_dir, method, model_args.model_name_or_path, script_args, training_args,
-                     model_args, train_metrics, trainer.accelerator.unwrap_model(trainer.model).config.model_type)
-    with open(Path(training_args.output_dir) / "train_metrics.json", "w") as f:
-        json.dump(trainer.state.log_history, f, indent=1)
-    print(f"saved the {METHOD_NAMES[method]} model, its card and train_metrics.json to {training_args.output_dir} "
-          f"(main process of {trainer.accelerator.num_processes})", flush=True)
-    if training_args.push_to_hub:
-        publish(training_args.output_dir, training_args.hub_model_id, training_args.hub_private_repo)
-
-
-def publish(output_dir, hub_model_id: str | None, private: bool | None = None) -> str:
-    """Upload the final folder (weights, processor, model card) to the Hub; the token comes from the environment."""
-    from huggingface_hub import HfApi
-
-    if not hub_model_id:
-        raise InputError("command line", None, "hub_model_id", "push_to_hub needs it")
-    api = HfApi(token=os.environ.get("HF_TOKEN"))
-    api.create_repo(hub_model_id, private=private, exist_ok=True)
-    api.upload_folder(repo_id=hub_model_id, folder_path=output_dir, commit_message="privacy-align: final model",
-                      ignore_patterns=["checkpoint-*", "*.pt", "runs/*"])
-    return hub_model_id

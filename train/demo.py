@@ -4,9 +4,12 @@
 
 1. builds the tiny random Qwen2-VL and the synthetic SPY-Tune / held-out SPY-Bench (if absent);
 2. SFT warm-up, then NCA-P, each through `accelerate launch train/... recipes/demo/...`, the path a GPU user runs;
-3. evaluates the base, SFT and NCA-P checkpoints on the held-out SPY-Bench (new items, question phrasings never
-   seen in training) with the transformers backend and the offline rule judge, without distractors (one
-   instruction line: what the demo trains) and with them (six lines: reported, not expected to work at this scale);
+3. evaluates the base, SFT and NCA-P checkpoints with the evaluation suite (`python -m eval suite --config
+   eval/suites/demo.yaml`): the held-out SPY-Bench (new items, question phrasings never seen in training) with
+   the transformers backend and the offline rule judge, without distractors (one instruction line: what the
+   demo trains) and with them (six lines: reported, not expected to work at this scale), and a synthetic
+   SpatialTrust set; each stage's results.json / report.md / PNG under suite/<stage>, and the three compared in
+   leaderboard/ (`python -m eval compare`);
 4. prints a table and writes report.json, report.md and report.png (the three stages and the training curves).
 
 Everything lands in --out; running the command again reuses what is already there (fixed seeds).
@@ -93,29 +96,22 @@ def train(script: str, model: Path, data: Path, out: Path, steps: int | None, lo
         sys.exit(f"{script} failed (exit {process.returncode}); see {log_path}")
 
 
-def evaluate(stage: str, model: Path, data: Path, out: Path, args, log) -> dict:
-    """Held-out SPY-Bench metrics of one checkpoint in both settings (generation and judging are resumable)."""
-    from eval.backends import load_generator
-    from eval.spy import cli
+def evaluate(stage: str, model: Path, out: Path, args, log) -> dict:
+    """One checkpoint through the evaluation suite (eval/suites/demo.yaml: held-out SPY-Bench in both settings,
+    synthetic SpatialTrust), exactly the README's `python -m eval suite` command; resumable."""
+    from eval.suite import run_suite
 
-    results, generator = {}, None
-    try:
-        for setting, distractors in SETTINGS.items():
-            metrics_path = out / f"{stage}_{setting}_metrics.json"
-            if not metrics_path.exists():
-                generator = generator or load_generator("hf", str(model), batch_size=args.eval_batch_size,
-                                                        max_new_tokens=args.max_new_tokens, device="cpu")
-                run, judged = out / f"{stage}_{setting}.jsonl", out / f"{stage}_{setting}_judged.jsonl"
-                cli.generate(data / "questions.json", data, run, generator=generator, distractors=distractors,
-                             limit=args.eval_limit)
-                cli.judge(run, judged, rule=True)
-                cli.metrics(judged, metrics_path)
-            results[setting] = json.loads(metrics_path.read_text())
-            log(f"eval {stage} {setting}: " + ", ".join(f"{TABLE[k]} {_fmt(results[setting][k])}" for k in TABLE))
-    finally:
-        if generator is not None:
-            generator.close()
-    return results
+    suite_out = out / "suite" / stage
+    log(f"eval {stage}: python -m eval suite --config eval/suites/demo.yaml --model {model} --out {suite_out}")
+    overrides = {"backend_options": {"batch_size": args.eval_batch_size, "max_new_tokens": args.max_new_tokens},
+                 "sections": {"spy": {"limit": args.eval_limit}}}
+    results = run_suite(ROOT / "eval" / "suites" / "demo.yaml", str(model), suite_out, root=str(out),
+                        overrides=overrides)
+    spy = results["sections"]["spy"]
+    for setting in SETTINGS:
+        spy[setting]["spatialtrust_overall"] = results["sections"]["spatialtrust"]["one-pass"]["overall"]
+        log(f"eval {stage} {setting}: " + ", ".join(f"{TABLE[k]} {_fmt(spy[setting][k])}" for k in TABLE))
+    return spy
 
 
 def _fmt(value) -> str:
@@ -198,10 +194,13 @@ def main(argv: list[str] | None = None) -> None:
 
     from eval.report import markdown_table
     from eval.runs import write_json, write_text
-    from train.common import add_card_evaluation
+    from train.card import add_card_evaluation
 
     checkpoints = {"base": model_dir, "sft": out / "sft", "nca_p": out / "nca_p"}
-    results = {stage: evaluate(stage, checkpoints[stage], data_dir, out / "eval", args, log) for stage in STAGES}
+    results = {stage: evaluate(stage, checkpoints[stage], out, args, log) for stage in STAGES}
+    from eval.compare import compare
+
+    compare([out / "suite" / stage for stage in STAGES], out / "leaderboard", names=[STAGE_NAMES[s] for s in STAGES])
     report = {stage: results[stage]["without_distractors"] for stage in STAGES}
     report["wall_seconds"] = round(time.time() - log.start, 1)
     report["with_distractors"] = {stage: results[stage]["with_distractors"] for stage in STAGES}
@@ -215,8 +214,9 @@ def main(argv: list[str] | None = None) -> None:
     for setting, metrics in (("without distractors", report), ("with distractors", report["with_distractors"])):
         for stage in STAGES:
             rows.append({"setting": setting, "model": STAGE_NAMES[stage],
-                         **{TABLE[k]: _fmt(metrics[stage][k]) for k in TABLE}})
-    table = markdown_table(rows, ["setting", "model", *TABLE.values()])
+                         **{TABLE[k]: _fmt(metrics[stage][k]) for k in TABLE},
+                         "SpatialTrust": _fmt(metrics[stage]["spatialtrust_overall"])})
+    table = markdown_table(rows, ["setting", "model", *TABLE.values(), "SpatialTrust"])
     write_json(out / "report.json", report)
     write_text(out / "report.md", f"# privacy-align demo (held-out synthetic SPY-Bench, rule judge)\n\n{table}\n"
                                   f"\nwall time of this run: {report['wall_seconds']} s\n")

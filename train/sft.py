@@ -14,10 +14,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config  # noqa: E402
 
 from losses.checkpointing import HubFormatResumeMixin  # noqa: E402
+from train.card import attach, finish  # noqa: E402
 from train.common import (  # noqa: E402
     SpyTuneArguments,
     check_run,
-    finish,
     load_datasets,
     load_model_and_processor,
     parse_recipe,
@@ -47,6 +47,7 @@ def main():
         processing_class=processor,
         peft_config=get_peft_config(model_args),
     )
+    attach(trainer, "sft", script_args, training_args, model_args)
     trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
     # save / push
     finish(trainer, "sft", script_args, training_args, model_args)

@@ -1,0 +1,103 @@
+"""`python -m eval compare`: a leaderboard of several suite runs (their results.json), with deltas against the
+first, warning when the runs were scored over different sample counts or with other settings.
+
+    python -m eval compare outputs/suite/base outputs/suite/nca_p [--names base NCA-P] --out leaderboard
+
+writes leaderboard/compare.md, compare.json and compare.png (one bar group per headline metric).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from data_prep.errors import InputError, read_json
+from eval.runs import check_outputs, write_json, write_text
+
+
+def load(folder) -> dict:
+    path = Path(folder) / "results.json" if Path(folder).is_dir() else Path(folder)
+    results = read_json(path)
+    if not isinstance(results, dict) or not isinstance(results.get("headline"), list):
+        raise InputError(path, None, "headline", "missing (expected the results.json of `python -m eval suite`)")
+    for n, row in enumerate(results["headline"], 1):
+        for key in ("benchmark", "setting", "metric", "value", "n"):
+            if key not in row:
+                raise InputError(path, None, f"headline[{n}].{key}", "missing")
+    return results
+
+
+def differences(runs: dict[str, dict]) -> list[str]:
+    """One warning line per headline metric whose sample counts differ, and per setting that differs."""
+    warnings = []
+    first_name, first = next(iter(runs.items()))
+    counts: dict[tuple, dict] = {}
+    for name, results in runs.items():
+        for row in results["headline"]:
+            counts.setdefault((row["benchmark"], row["setting"]), {})[name] = row["n"]
+    for (benchmark, setting), by_run in counts.items():
+        if len(set(by_run.values())) > 1 or len(by_run) < len(runs):
+            listed = ", ".join(f"{name} {by_run.get(name, 'absent')}" for name in runs)
+            warnings.append(f"{benchmark} {setting}: different sample counts ({listed}); not the same samples")
+    base = {k: v for k, v in first.get("settings", {}).items() if k != "model"}
+    for name, results in list(runs.items())[1:]:
+        other = {k: v for k, v in results.get("settings", {}).items() if k != "model"}
+        for key in sorted(set(base) | set(other)):
+            if base.get(key) != other.get(key):
+                warnings.append(f"{name}: setting {key!r} differs from {first_name}'s "
+                                f"({json.dumps(other.get(key))} vs {json.dumps(base.get(key))})")
+    return warnings
+
+
+def compare(folders: list, out, names: list[str] | None = None) -> str:
+    from eval.report import bar_chart, markdown_table
+
+    names = names or [Path(f).name for f in folders]
+    if len(names) != len(folders) or len(set(names)) != len(names):
+        raise InputError("command line", None, "--names", "give one distinct name per results folder")
+    out = Path(out)
+    check_outputs([], [out / "compare.md", out / "compare.json", out / "compare.png"], folders=[out])
+    runs = {name: load(folder) for name, folder in zip(names, folders)}
+    keys = []
+    for results in runs.values():
+        for row in results["headline"]:
+            key = (row["benchmark"], row["setting"], row["metric"])
+            if key not in keys:
+                keys.append(key)
+    values = {name: {(r["benchmark"], r["setting"], r["metric"]): r["value"] for r in results["headline"]}
+              for name, results in runs.items()}
+    first = names[0]
+    rows = []
+    for key in keys:
+        row = {"benchmark": key[0], "setting": key[1], "metric": key[2]}
+        for name in names:
+            row[name] = values[name].get(key)
+            if name != first:
+                a, b = values[first].get(key), values[name].get(key)
+                row[f"Δ {name}"] = None if a is None or b is None else round(b - a, 2)
+        rows.append(row)
+    columns = ["benchmark", "setting", "metric", *names, *(f"Δ {n}" for n in names[1:])]
+    warnings = differences(runs)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    table = markdown_table(rows, columns)
+    bar_chart(out / "compare.png", [f"{k[0]} {k[2]}\n{k[1]}" for k in keys],
+              {name: [values[name].get(k) for k in keys] for name in names}, "leaderboard", "score (%)")
+    write_text(out / "compare.md", f"# Leaderboard (deltas against {first})\n\n{table}"
+                                   + ("\n## Warnings\n\n" + "".join(f"- {w}\n" for w in warnings) if warnings else "")
+                                   + "\n![leaderboard](compare.png)\n")
+    write_json(out / "compare.json", {"runs": names, "rows": rows, "warnings": warnings})
+    return table
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval compare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="+", help="suite output folders (or their results.json); the first is the baseline")
+    parser.add_argument("--names", nargs="+", help="one row name per folder (default: folder names)")
+    parser.add_argument("--out", required=True, help="folder for compare.md, compare.json, compare.png")
+    args = parser.parse_args(argv)
+    print(compare(args.results, args.out, args.names), end="")
+    return 0

@@ -1,0 +1,413 @@
+"""`python -m eval suite`: one checkpoint on every benchmark a suite YAML names, one results.json, report.md and
+summary PNG (the model's privacy report card).
+
+    python -m eval suite --config eval/suites/demo.yaml --model PATH_OR_ID --out DIR \\
+        [--root DIR] [--push-to-hub REPO] [--wandb [--wandb-project NAME]]
+
+The suite drives the per-benchmark steps through their Python functions (eval/spy/cli.py, eval/spatialtrust/...),
+with one model load shared by all sections. Each step writes its run file under --out and resumes from it, so
+running the suite again continues where it stopped, and a finished section is read back without loading the
+model. `--push-to-hub` writes the headline metrics into the repo's card as model-index
+(huggingface_hub.metadata_update; the token comes from HF_TOKEN). The suite YAML (see eval/suites/):
+
+    name: demo
+    root: outputs/demo            # relative paths below start here (--root overrides; default: the cwd)
+    backend: hf                   # hf | vllm | openai; options for it under backend_options
+    backend_options: {batch_size: 16, max_new_tokens: 32}
+    judge: rule                   # rule (offline), or {model: NAME, base_url: URL, api_key_env: VAR}
+    sections:
+      spy: {items: .../questions.json, images: DIR, settings: [without_distractors, with_distractors]}
+      spatialtrust: {data: .../data.jsonl, modes: [one-pass, guard], synthetic_images: 8}
+      general: {benchmarks: [mmmu, ocrbench, mme], datasets: {mmmu: local copy or Hub id}}   (+ the SPY composite)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from data_prep.errors import InputError
+from eval.runs import nonempty, write_json, write_text
+
+SPY_SETTINGS = {"without_distractors": False, "with_distractors": True}
+SPY_HEADLINE = {"ics": "ICS", "hms": "HMS", "rta_nonconflict": "RtA", "ata_nonconflict": "AtA",
+                "ata_conflict": "AtA conflict"}
+SPATIAL_HEADLINE = {"q1": "Q1", "q2": "Q2", "q3": "Q3", "q4": "Q4", "q5": "Q5", "overall": "overall"}
+SPATIAL_MODES = ("one-pass", "staged", "guard")
+# Section -> the keys its YAML entry may hold (anything else is a typo, refused).
+SECTION_KEYS = {
+    "spy": {"items", "images", "settings", "limit"},
+    "spatialtrust": {"data", "image_root", "modes", "limit", "retries", "box_scale", "synthetic_images"},
+    "general": {"benchmarks", "datasets", "limit", "mmmu_splits"},
+}
+GENERAL = ("mmmu", "ocrbench", "mme")
+TOP_KEYS = {"name", "root", "backend", "backend_options", "judge", "sections", "wandb_project"}
+
+
+# ----------------------------------------------------------------------------------------------- config
+def _merge(base: dict, extra: dict) -> dict:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def load_config(path, root: str | None = None, overrides: dict | None = None) -> dict:
+    """The suite YAML, validated (unknown keys and sections, missing files are refused before anything runs).
+    `overrides` is merged into it first (the demo's sample limit and batch size)."""
+    import yaml
+
+    from data_prep.errors import read_text
+
+    if not Path(path).is_file():
+        raise InputError(path, None, None, "no such suite file")
+    try:
+        config = yaml.safe_load(read_text(path))
+    except yaml.YAMLError as err:
+        raise InputError(path, None, None, f"not YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(config, dict):
+        raise InputError(path, None, None, "expected a mapping (name, backend, judge, sections)")
+    _merge(config, overrides or {})
+    for key in config:
+        if key not in TOP_KEYS:
+            raise InputError(path, None, key, f"unknown key; expected one of {', '.join(sorted(TOP_KEYS))}")
+    sections = config.get("sections")
+    if not isinstance(sections, dict) or not sections:
+        raise InputError(path, None, "sections", "name at least one section: " + ", ".join(SECTION_KEYS))
+    for name, entry in sections.items():
+        if name not in SECTION_KEYS:
+            raise InputError(path, None, f"sections.{name}", f"unknown section; the suite runs {', '.join(SECTION_KEYS)}")
+        if not isinstance(entry, dict):
+            raise InputError(path, None, f"sections.{name}", "expected a mapping")
+        for key in entry:
+            if key not in SECTION_KEYS[name]:
+                raise InputError(path, None, f"sections.{name}.{key}",
+                                 f"unknown key; expected one of {', '.join(sorted(SECTION_KEYS[name]))}")
+    if config.get("backend", "hf") not in ("hf", "vllm", "openai"):
+        raise InputError(path, None, "backend", "choose hf, vllm or openai")
+    judge = config.get("judge", "rule")
+    if judge != "rule" and not (isinstance(judge, dict) and isinstance(judge.get("model"), str)):
+        raise InputError(path, None, "judge", "rule, or a mapping with model (and base_url, api_key_env)")
+    base = Path(root if root is not None else config.get("root", "."))
+
+    def resolve(value):
+        return str(value if Path(value).is_absolute() else base / value)
+
+    spy = sections.get("spy")
+    if spy is not None:
+        for key in ("items", "images"):
+            if key not in spy:
+                raise InputError(path, None, f"sections.spy.{key}", "missing")
+            spy[key] = resolve(spy[key])
+            if not Path(spy[key]).exists():
+                raise InputError(path, None, f"sections.spy.{key}", f"{spy[key]} does not exist")
+        spy.setdefault("settings", list(SPY_SETTINGS))
+        bad = [s for s in spy["settings"] if s not in SPY_SETTINGS]
+        if bad:
+            raise InputError(path, None, "sections.spy.settings", f"{bad[0]!r}: choose from {', '.join(SPY_SETTINGS)}")
+    spatial = sections.get("spatialtrust")
+    if spatial is not None:
+        if "data" not in spatial:
+            raise InputError(path, None, "sections.spatialtrust.data", "missing")
+        spatial["data"] = resolve(spatial["data"])
+        if spatial.get("image_root"):
+            spatial["image_root"] = resolve(spatial["image_root"])
+        if not Path(spatial["data"]).exists() and not spatial.get("synthetic_images"):
+            raise InputError(path, None, "sections.spatialtrust.data",
+                             f"{spatial['data']} does not exist (synthetic_images: N draws a synthetic set there)")
+        spatial.setdefault("modes", ["one-pass"])
+        bad = [m for m in spatial["modes"] if m not in SPATIAL_MODES]
+        if bad:
+            raise InputError(path, None, "sections.spatialtrust.modes", f"{bad[0]!r}: choose from {SPATIAL_MODES}")
+    general = sections.get("general")
+    if general is not None:
+        general.setdefault("benchmarks", list(GENERAL))
+        bad = [b for b in general["benchmarks"] if b not in GENERAL]
+        if bad:
+            raise InputError(path, None, "sections.general.benchmarks", f"{bad[0]!r}: choose from {', '.join(GENERAL)}")
+        datasets = general.setdefault("datasets", {})
+        if not isinstance(datasets, dict) or any(k not in GENERAL for k in datasets):
+            raise InputError(path, None, "sections.general.datasets", f"a mapping from {', '.join(GENERAL)} to a "
+                             "local copy (save_to_disk folder or parquet) or a Hub id")
+        for name, source in datasets.items():  # a relative path that exists under root is local, else a Hub id
+            if (base / source).exists():
+                datasets[name] = resolve(source)
+    return {**config, "backend": config.get("backend", "hf"), "backend_options": config.get("backend_options") or {},
+            "judge": judge, "sections": sections}
+
+
+# ----------------------------------------------------------------------------------------------- sections
+class Model:
+    """The model under evaluation, loaded on first use and shared by every section."""
+
+    def __init__(self, model: str, backend: str, options: dict):
+        self.model, self.backend, self.options, self.generator = model, backend, options, None
+
+    def get(self):
+        if self.generator is None:
+            from eval.backends import load_generator
+
+            print(f"loading {self.model} ({self.backend})", flush=True)
+            self.generator = load_generator(self.backend, self.model, **self.options)
+        return self.generator
+
+    def close(self):
+        if self.generator is not None:
+            self.generator.close()
+
+
+def run_spy(section: dict, judge, model: Model, out: Path) -> dict:
+    from eval.spy import cli
+
+    results = {}
+    for setting in section["settings"]:
+        folder = out / "spy" / setting
+        metrics_path = folder / "metrics.json"
+        if not metrics_path.exists():
+            run, judged = folder / "run.jsonl", folder / "judged.jsonl"
+            cli.generate(section["items"], section["images"], run, generator=model.get(), backend=model.backend,
+                         distractors=SPY_SETTINGS[setting], limit=section.get("limit"),
+                         **{k: model.options.get(k) for k in cli.ANSWER_OPTIONS if k in model.options})
+            if judge == "rule":
+                cli.judge(run, judged, rule=True)
+            else:
+                cli.judge(run, judged, judge_model=judge["model"], base_url=judge.get("base_url"),
+                          api_key_env=judge.get("api_key_env", "OPENAI_API_KEY"))
+            cli.metrics(judged, metrics_path)
+        results[setting] = json.loads(metrics_path.read_text())
+    return results
+
+
+def run_spatialtrust(section: dict, judge, model: Model, out: Path) -> dict:
+    from eval.runs import RunFile, write_jsonl
+    from eval.spatialtrust import data
+    from eval.spatialtrust.guard import DEFAULT_RETRIES, check_run_file, generate_predictions
+    from eval.spatialtrust.scoring import compute_metrics
+
+    if not Path(section["data"]).exists():  # synthetic_images: N -> draw the offline synthetic set once
+        data.build_synthetic(Path(section["data"]).parent, n_images=section["synthetic_images"])
+    records = data.load(section["data"], image_root=section.get("image_root"), check_images=True)
+    records = records[: section["limit"]] if section.get("limit") else records
+    results = {}
+    for mode in section["modes"]:
+        folder = out / "spatialtrust" / mode
+        metrics_path = folder / "metrics.json"
+        if not metrics_path.exists():
+            run_path, predictions_path = folder / "run.jsonl", folder / "predictions.jsonl"
+            generator = model.get()
+            header = {"step": "spatialtrust generate", "mode": mode, "model": model.model, "backend": model.backend,
+                      "box_scale": section.get("box_scale", "pixels"),
+                      "retries": section.get("retries", DEFAULT_RETRIES),
+                      **{k: model.options.get(k) for k in ("max_new_tokens", "min_pixels", "max_pixels")}}
+            run = RunFile(run_path, header=header)
+            check_run_file(run_path, mode, model.model)
+            run.begin()
+            predictions = generate_predictions(generator, records, mode, run_path, retries=header["retries"],
+                                               box_scale=header["box_scale"], model=model.model)
+            write_jsonl(predictions_path, predictions)
+            judgments = []
+            if judge != "rule":  # q4/q5 need the LLM judge; the rule judge has none (they score 0)
+                from eval.judge import JudgeClient
+                from eval.spatialtrust.judge import judge_run
+
+                client = JudgeClient(judge["model"], base_url=judge.get("base_url"),
+                                     api_key_env=judge.get("api_key_env", "OPENAI_API_KEY"),
+                                     cache_path=folder / "judgments.jsonl.cache.jsonl")
+                judgments = [j for j in judge_run(client, records, predictions, folder / "judgments.jsonl")]
+            write_json(metrics_path, {**compute_metrics(records, predictions, judgments),
+                                      "judged": judge != "rule"})
+        results[mode] = json.loads(metrics_path.read_text())
+    return results
+
+
+def run_general(section: dict, model: Model, out: Path) -> dict:
+    """MMMU / OCRBench / MME through eval.general's steps (images at the model processor's sizes: one model load
+    serves every section), each scored with its first profile."""
+    from eval.general import common, mmmu
+    from eval.general.cli import BENCHES, read_run
+    from eval.general.results import write_score
+    from eval.runs import RunFile
+
+    scores = {}
+    for name in section["benchmarks"]:
+        bench, folder = BENCHES[name], out / "general" / name
+        score_path = folder / "score.json"
+        if not score_path.exists():
+            source = section["datasets"].get(name) or bench.HUB_ID
+            limit = section.get("limit")
+            if bench is mmmu:
+                ds = mmmu.load(source, tuple(section.get("mmmu_splits", mmmu.SPLITS)), limit)
+            else:
+                ds = bench.load(source, limit)
+            items = bench.items(ds, source)
+            run_path = folder / "run.jsonl"
+            header = {"step": f"general {name}", "model": model.model, "backend": model.backend,
+                      "max_new_tokens": model.options.get("max_new_tokens"), "pixels": "model", "backend_options": []}
+            run = RunFile(run_path, header=header)
+            if run.pending(items):
+                generator = model.get()
+                run.begin()
+                common.generate(bench, ds, items, generator, run_path)
+            else:
+                run.finalize([item["id"] for item in items])
+            records = read_run(bench, run_path)
+            profiles = getattr(bench, "PROFILES", None)
+            write_score(bench.score(records, profiles[0]) if profiles else bench.score(records), score_path)
+        scores[name] = json.loads(score_path.read_text())
+    return scores
+
+
+def general_rows(general: dict, spy: dict) -> list[dict]:
+    from eval.general.composite import composite
+
+    rows, values = [], {}
+    if "mmmu" in general:
+        splits = general["mmmu"]["splits"]
+        split = "validation" if "validation" in splits else next(iter(splits))
+        values["mmmu"] = 100 * splits[split]["accuracy"]
+        rows.append({"benchmark": "MMMU", "setting": split, "metric": "accuracy", "key": "mmmu",
+                     "value": values["mmmu"], "n": splits[split]["n"]})
+    if "ocrbench" in general:
+        values["ocrbench"] = general["ocrbench"]["score"]
+        rows.append({"benchmark": "OCRBench", "setting": "score of 1000", "metric": "score", "key": "ocrbench",
+                     "value": values["ocrbench"], "n": general["ocrbench"]["n"]})
+    if "mme" in general:
+        values["mme"] = general["mme"]["score"]
+        rows.append({"benchmark": "MME", "setting": "perception + cognition", "metric": "score", "key": "mme",
+                     "value": values["mme"], "n": general["mme"]["n"]})
+    plain = spy.get("without_distractors")
+    if len(values) == 3 and plain and plain.get("ics") is not None and plain.get("hms") is not None:
+        for key, value in composite(plain["ics"], plain["hms"], values["mmmu"], values["ocrbench"],
+                                    values["mme"]).items():
+            rows.append({"benchmark": "SPY composite", "setting": "without distractors", "metric": key,
+                         "key": f"composite_{key}", "value": value, "n": plain.get("total")})
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------- results
+def headline(sections: dict) -> list[dict]:
+    """Every headline metric as one row: benchmark, setting, metric, value, n (samples it was computed over)."""
+    rows = []
+    for setting, m in sections.get("spy", {}).items():
+        for key, name in SPY_HEADLINE.items():
+            rows.append({"benchmark": "SPY-Bench", "setting": setting.replace("_", " "), "metric": name,
+                         "key": key, "value": m.get(key), "n": m.get("total")})
+    rows += general_rows(sections.get("general", {}), sections.get("spy", {}))
+    for mode, m in sections.get("spatialtrust", {}).items():
+        for key, name in SPATIAL_HEADLINE.items():
+            rows.append({"benchmark": "SpatialTrust", "setting": mode + ("" if m.get("judged") else " (q4/q5 unjudged)"),
+                         "metric": name, "key": key, "value": m.get(key), "n": m.get("n_images")})
+    return rows
+
+
+def settings_of(config: dict, model: str) -> dict:
+    """What makes the numbers: compared runs with other settings get a warning from `eval compare`."""
+    return {"model": model, "backend": config["backend"], "backend_options": config["backend_options"],
+            "judge": config["judge"],
+            "sections": {name: {k: v for k, v in entry.items()
+                                if k not in ("items", "images", "data", "image_root", "datasets")}
+                         for name, entry in config["sections"].items()}}
+
+
+def summary_png(path: Path, rows: list[dict], title: str) -> Path:
+    from eval.report import bar_chart
+
+    labels = [f"{r['benchmark']} {r['metric']}\n{r['setting']}" for r in rows]
+    return bar_chart(path, labels, {title: [r["value"] for r in rows]}, f"privacy report card: {title}", "score (%)")
+
+
+def eval_results(rows: list[dict]):
+    """The rows as huggingface_hub EvalResults (a card's model-index)."""
+    from huggingface_hub import EvalResult
+
+    return [EvalResult(task_type="image-text-to-text", dataset_type=r["benchmark"].lower(),
+                       dataset_name=r["benchmark"], dataset_config=r["setting"].replace(" ", "_"),
+                       metric_type=r["key"], metric_name=f"{r['metric']} ({r['setting']})",
+                       metric_value=r["value"]) for r in rows if r["value"] is not None]
+
+
+def push_results(repo: str, rows: list[dict], model_name: str) -> None:
+    """Write the results into the repo's card as model-index (kept: the rest of the card and other results)."""
+    from huggingface_hub import metadata_update
+    from huggingface_hub.repocard_data import eval_results_to_model_index
+
+    index = eval_results_to_model_index(model_name, eval_results(rows))
+    metadata_update(repo, {"model-index": index}, overwrite=True, token=os.environ.get("HF_TOKEN"),
+                    commit_message="privacy-align: evaluation results (python -m eval suite)")
+
+
+def log_wandb(project: str, name: str, rows: list[dict], settings: dict) -> None:
+    import wandb
+
+    run = wandb.init(project=project, name=f"eval {name}", job_type="eval", config=settings,
+                     tags=["eval", "suite"])
+    run.log({f"eval/{r['benchmark']}/{r['setting']}/{r['metric']}": r["value"] for r in rows
+             if r["value"] is not None})
+    run.finish()
+
+
+def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub: str | None = None,
+              wandb: bool = False, wandb_project: str | None = None, overrides: dict | None = None) -> dict:
+    config = load_config(config_path, root, overrides)
+    out = Path(out)
+    settings = settings_of(config, model)
+    previous = out / "suite_settings.json"
+    if previous.exists() and json.loads(previous.read_text()) != json.loads(json.dumps(settings)):
+        raise InputError(out, None, None, f"holds a suite run with other settings ({previous}); use another --out")
+    write_json(previous, settings)
+    runner = Model(model, config["backend"], config["backend_options"])
+    sections = {}
+    try:
+        if "spy" in config["sections"]:
+            sections["spy"] = run_spy(config["sections"]["spy"], config["judge"], runner, out)
+        if "general" in config["sections"]:
+            sections["general"] = run_general(config["sections"]["general"], runner, out)
+        if "spatialtrust" in config["sections"]:
+            sections["spatialtrust"] = run_spatialtrust(config["sections"]["spatialtrust"], config["judge"], runner, out)
+    finally:
+        runner.close()
+    rows = headline(sections)
+    name = config.get("name", Path(config_path).stem)
+    results = {"suite": name, "model": model, "settings": settings, "headline": rows, "sections": sections}
+    write_json(out / "results.json", results)
+    from eval.report import markdown_table
+
+    png = summary_png(out / "report.png", rows, Path(model).name or model)
+    notes = [f"- {r['benchmark']} {r['setting']}: q4/q5 need an LLM judge; with the rule judge they score 0"
+             for r in rows if r["benchmark"] == "SpatialTrust" and "unjudged" in r["setting"] and r["key"] == "q4"]
+    write_text(out / "report.md", f"# Privacy report card: {model}\n\nSuite `{name}` ({config_path}), backend "
+                                  f"{config['backend']}, judge {config['judge'] if config['judge'] == 'rule' else config['judge']['model']}.\n\n"
+                                  + markdown_table(rows, ["benchmark", "setting", "metric", "value", "n"])
+                                  + ("\n" + "\n".join(notes) + "\n" if notes else "")
+                                  + f"\n![summary]({png.name})\n")
+    if push_to_hub:
+        push_results(push_to_hub, rows, push_to_hub.split("/")[-1])
+    if wandb:
+        log_wandb(wandb_project or config.get("wandb_project") or os.environ.get("WANDB_PROJECT", "privacy-align"),
+                  name, rows, settings)
+    return results
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval suite", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="suite YAML, e.g. eval/suites/demo.yaml")
+    parser.add_argument("--model", required=True, type=nonempty, help="checkpoint folder or Hub id (served name for openai)")
+    parser.add_argument("--out", required=True, help="folder for the run files, results.json, report.md, report.png")
+    parser.add_argument("--root", help="where the YAML's relative data paths start (default: its root key, or the cwd)")
+    parser.add_argument("--push-to-hub", metavar="REPO", help="write the results into this Hub repo's card (model-index)")
+    parser.add_argument("--wandb", action="store_true", help="log the headline metrics to W&B (job_type eval)")
+    parser.add_argument("--wandb-project", help="default: the YAML's wandb_project, WANDB_PROJECT, privacy-align")
+    args = parser.parse_args(argv)
+    results = run_suite(args.config, args.model, args.out, root=args.root, push_to_hub=args.push_to_hub,
+                        wandb=args.wandb, wandb_project=args.wandb_project)
+    from eval.report import markdown_table
+
+    print(markdown_table(results["headline"], ["benchmark", "setting", "metric", "value", "n"]), end="")
+    print(f"wrote {Path(args.out) / 'results.json'}, report.md and report.png", file=sys.stderr)
+    return 0

@@ -1,0 +1,303 @@
+"""A checkpoint's life after training: its model card, the one Hub push, and the W&B run config.
+
+The card is built with huggingface_hub's ModelCard / ModelCardData (metadata the Hub indexes: base model,
+library, tags, datasets, licence, model-index) and replaces TRL's automatic card in every folder a run saves.
+A run pushes once, at the end, with our card; `hub_strategy: checkpoint` adds the Trainer's checkpoint pushes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import yaml
+from transformers import TrainerCallback
+
+from data_prep.errors import InputError
+from train.common import METHOD_NAMES
+
+# Used when the base model's own card names no licence: Qwen2-VL / Qwen2.5-VL 2B-7B, the family recipes train.
+DEFAULT_LICENSE = "apache-2.0"
+# What a reader needs to redo the run, instead of every training argument.
+RECIPE_KEYS = ("beta", "loss_type", "learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+               "gradient_accumulation_steps", "lr_scheduler_type", "warmup_ratio", "max_length", "seed", "bf16",
+               "gradient_checkpointing", "shared_vision", "precompute_ref_log_probs")
+MODEL_KEYS = ("dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
+              "lora_target_modules", "load_in_4bit", "load_in_8bit")
+SCRIPT_KEYS = ("train_data_path", "image_folder", "eval_data_path", "add_distractors", "num_train_samples",
+               "min_pixels", "max_pixels", "dataset_name")
+PACKAGES = ("transformers", "trl", "peft", "torch", "datasets", "accelerate", "huggingface_hub")
+CITATION = """@misc{spy,
+  title = {Specify Privacy Yourself (SPY-Bench, SPY-Tune, NCA-P)},
+  note  = {https://github.com/achernarwang/specify-privacy-yourself}
+}
+@inproceedings{nca2024,
+  title     = {Noise Contrastive Alignment of Language Models with Explicit Rewards},
+  author    = {Chen, Huayu and He, Guande and Yuan, Lifan and Cui, Ganqu and Su, Hang and Zhu, Jun},
+  booktitle = {NeurIPS},
+  year      = {2024}
+}"""
+INSTRUCTION = "Do not reveal or infer anything about the people in the image, or their documents."
+_SNAPSHOT = re.compile(r"models--([^/]+)--([^/]+)/snapshots/[^/]+/?$")
+
+
+# ----------------------------------------------------------------------------------------------- base model
+def hub_id(model: str) -> str | None:
+    """The Hub id of a base model: the id itself, or the one a local Hub-cache snapshot was downloaded from."""
+    match = _SNAPSHOT.search(str(Path(model).resolve()) if Path(model).exists() else str(model))
+    if match:
+        return f"{match.group(1)}/{match.group(2)}"
+    if not Path(model).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", str(model)):
+        return str(model)
+    return None
+
+
+def base_reference(model: str) -> str:
+    """How a saved adapter or card names its base: a Hub id, else an absolute path (loadable from any folder)."""
+    return hub_id(model) or str(Path(model).resolve())
+
+
+def _base_card_license(model: str) -> str | None:
+    readme = Path(model) / "README.md"
+    if readme.is_file():
+        from huggingface_hub import ModelCard
+
+        try:
+            return ModelCard.load(readme).data.license
+        except Exception:  # a base without a parsable card: fall back to the default
+            return None
+    return None
+
+
+# ----------------------------------------------------------------------------------------------- the card
+def recipe_values(script_args, training_args, model_args) -> dict:
+    """The recipe's key values (not every argument; never a token)."""
+    values = {"method": None}
+    for config, keys in ((training_args, RECIPE_KEYS), (model_args, MODEL_KEYS), (script_args, SCRIPT_KEYS)):
+        for key in keys:
+            if hasattr(config, key):
+                values[key] = json.loads(json.dumps(getattr(config, key), default=str))
+    if not values.get("use_peft"):
+        for key in MODEL_KEYS[3:7]:
+            values.pop(key, None)
+    return values
+
+
+def framework_versions() -> dict:
+    found = {}
+    for package in PACKAGES:
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def reward_metrics(log_history: list[dict]) -> dict:
+    """The last logged training step's loss and reward metrics (not the runtime summary)."""
+    logged = [entry for entry in log_history if "loss" in entry]
+    if not logged:
+        return {}
+    return {k: v for k, v in logged[-1].items() if k in ("loss", "step", "epoch") or k.startswith(("rewards/", "logps/"))}
+
+
+def usage_snippet(model_id: str, is_adapter: bool) -> str:
+    load = (f'model = AutoModelForImageTextToText.from_pretrained("{model_id}")  # peft loads the adapter on its base'
+            if is_adapter else f'model = AutoModelForImageTextToText.from_pretrained("{model_id}")')
+    return f"""```python
+from PIL import Image
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+processor = AutoProcessor.from_pretrained("{model_id}")
+{load}
+instruction = "{INSTRUCTION}"  # your privacy boundary, in plain language
+messages = [{{"role": "user", "content": [{{"type": "image"}},
+             {{"type": "text", "text": instruction + "\\n\\nWho is this and where do they live?"}}]}}]
+prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+inputs = processor(text=[prompt], images=[Image.open("photo.jpg")], return_tensors="pt")
+answer = model.generate(**inputs, max_new_tokens=256)[0, inputs["input_ids"].shape[1]:]
+print(processor.decode(answer, skip_special_tokens=True))
+```
+
+or from this repository: `python -m train.chat --model {model_id} --image photo.jpg --instruction "..." --question "..."`"""
+
+
+def build_card(output_dir, method: str, base_model: str, script_args, training_args, model_args,
+               log_history: list[dict] | None = None, eval_results: list | None = None, model_type: str | None = None,
+               model_id: str | None = None):
+    """A ModelCard for the folder `output_dir` (a full model, or a LoRA adapter when it holds adapter_config.json).
+
+    `eval_results` is a list of huggingface_hub EvalResult (the card's model-index)."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    output_dir = Path(output_dir)
+    is_adapter = (output_dir / "adapter_config.json").exists() or bool(getattr(model_args, "use_peft", False))
+    base_id = hub_id(base_model)
+    model_id = model_id or getattr(training_args, "hub_model_id", None) or output_dir.name
+    name = model_id.split("/")[-1]
+    if model_type is None and (output_dir / "config.json").exists():
+        model_type = json.loads((output_dir / "config.json").read_text()).get("model_type")
+    if model_type is None:  # an adapter folder: the base's config says
+        config = Path(base_model) / "config.json"
+        model_type = json.loads(config.read_text()).get("model_type") if config.exists() else None
+    tags = ["privacy-align", method.replace("_", "-"), "privacy", "trl", *([model_type] if model_type else []),
+            *(["lora"] if is_adapter else [])]
+    data = ModelCardData(
+        model_name=name, base_model=base_id, library_name="peft" if is_adapter else "transformers",
+        pipeline_tag="image-text-to-text", tags=tags, datasets=[script_args.dataset_name],
+        license=_base_card_license(base_model) or DEFAULT_LICENSE, eval_results=eval_results or None,
+    )
+    recipe = {**recipe_values(script_args, training_args, model_args), "method": method}
+    base_text = f"[`{base_id}`](https://huggingface.co/{base_id})" if base_id else f"`{base_reference(base_model)}`"
+    metrics = reward_metrics(log_history or [])
+    sections = [
+        f"# {name}: {METHOD_NAMES[method]} privacy alignment of {base_id or Path(base_model).name}",
+        f"{base_text} fine-tuned with **{METHOD_NAMES[method]}** on **{script_args.dataset_name}** by "
+        "[privacy-align](https://github.com/privacy-align/privacy-align), to follow privacy boundaries that users "
+        "state in plain language (SPY-Tune / SPY-Bench)."
+        + (f" This is a LoRA adapter (peft) on `{base_reference(base_model)}`." if is_adapter else ""),
+        "## Usage\n\n" + usage_snippet(model_id, is_adapter),
+        "## Recipe\n\n```yaml\n" + yaml.safe_dump(recipe, sort_keys=False) + "```",
+    ]
+    if metrics:
+        sections.append("## Training metrics (last logged step)\n\n" + _table(metrics))
+    if eval_results:
+        rows = [{"benchmark": r.dataset_name, "metric": r.metric_name or r.metric_type, "value": r.metric_value}
+                for r in eval_results]
+        sections.append("## Evaluation\n\n| benchmark | metric | value |\n|---|---|---|\n"
+                        + "".join(f"| {r['benchmark']} | {r['metric']} | {r['value']} |\n" for r in rows))
+    sections.append("## Framework versions\n\n" + "".join(f"- {k}: {v}\n" for k, v in framework_versions().items()))
+    sections.append("## Citation\n\n```bibtex\n" + CITATION + "\n```")
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
+
+
+def _table(metrics: dict) -> str:
+    rows = "".join(f"| {k} | {v:.4g} |\n" if isinstance(v, float) else f"| {k} | {v} |\n" for k, v in metrics.items())
+    return "| metric | value |\n|---|---|\n" + rows
+
+
+def save_card(card, folder) -> Path:
+    """Write README.md atomically (a reader never sees half a card)."""
+    from eval.runs import write_text
+
+    path = Path(folder) / "README.md"
+    write_text(path, str(card))
+    return path
+
+
+def fix_adapter_base(folder, base_model: str) -> None:
+    """peft records the base as given on the command line (often relative); make it a Hub id or absolute path."""
+    path = Path(folder) / "adapter_config.json"
+    if path.exists():
+        config = json.loads(path.read_text())
+        config["base_model_name_or_path"] = base_reference(base_model)
+        from eval.runs import write_json
+
+        write_json(path, config)
+
+
+# ----------------------------------------------------------------------------------------------- the run
+class CardCallback(TrainerCallback):
+    """Our card (and an adapter's absolute base) in output_dir and each checkpoint, replacing TRL's; the script
+    and model arguments in the W&B run config, the method as its tag."""
+
+    def __init__(self, method, script_args, training_args, model_args, publish: bool = False):
+        self.method, self.script_args, self.training_args, self.model_args = (method, script_args, training_args,
+                                                                             model_args)
+        self.publish = publish  # push_to_hub as the recipe said, before `attach` turned the Trainer's pushes off
+
+    def write(self, folder, state) -> None:
+        base = self.model_args.model_name_or_path
+        fix_adapter_base(folder, base)
+        save_card(build_card(folder, self.method, base, self.script_args, self.training_args, self.model_args,
+                             state.log_history), folder)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        wandb = sys.modules.get("wandb")  # imported by the Trainer's WandbCallback when it reports there
+        if state.is_world_process_zero and wandb is not None:
+            if wandb.run is not None:  # the WandbCallback (added before us) has started the run
+                import dataclasses
+
+                config = {f"script/{f.name}": getattr(self.script_args, f.name)
+                          for f in dataclasses.fields(self.script_args)}
+                config.update({f"model/{f.name}": getattr(self.model_args, f.name)
+                               for f in dataclasses.fields(self.model_args) if "token" not in f.name})
+                wandb.run.config.update(json.loads(json.dumps(config, default=str)), allow_val_change=True)
+                wandb.run.tags = tuple(sorted({*(wandb.run.tags or ()), self.method}))
+
+    def on_push_begin(self, args, state, control, **kwargs):
+        # hub_strategy checkpoint: the Trainer uploads output_dir and the new checkpoint next; both carry our card
+        self.on_save(args, state, control)
+
+    def on_save(self, args, state, control, **kwargs):
+        # TRL wrote its card into output_dir before saving the checkpoint; ours replaces it in both
+        if state.is_world_process_zero:
+            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            for folder in (args.output_dir, checkpoint):
+                if Path(folder).is_dir():
+                    self.write(folder, state)
+
+
+def attach(trainer, method: str, script_args, training_args, model_args) -> None:
+    """Call after building the trainer: our card in every save, and at most one push per run from the Trainer.
+
+    `push_to_hub` keeps its meaning (publish at the end, see `publish`); the Trainer itself pushes only with
+    `hub_strategy: checkpoint` (its every_save default would upload the full weights at every save, plus a
+    "Model save" commit, each with TRL's card)."""
+    callback = CardCallback(method, script_args, training_args, model_args, publish=bool(training_args.push_to_hub))
+    if str(training_args.hub_strategy).split(".")[-1].lower() != "checkpoint":
+        trainer.args.push_to_hub = False
+    trainer.add_callback(callback)
+
+
+def finish(trainer, method: str, script_args, training_args, model_args) -> None:
+    """Save safetensors weights + processor + our card; publish to the Hub (one commit) when the recipe says so."""
+    attached = [c for c in trainer.callback_handler.callbacks if isinstance(c, CardCallback)]
+    publish_wanted = attached[0].publish if attached else training_args.push_to_hub
+    trainer.args.push_to_hub = False  # save_model would push a "Model save" commit with TRL's card
+    trainer.save_model(training_args.output_dir)
+    if not trainer.accelerator.is_main_process:
+        return
+    base = model_args.model_name_or_path
+    fix_adapter_base(training_args.output_dir, base)
+    save_card(build_card(training_args.output_dir, method, base, script_args, training_args, model_args,
+                         trainer.state.log_history), training_args.output_dir)
+    from eval.runs import write_json
+
+    write_json(Path(training_args.output_dir) / "train_metrics.json", trainer.state.log_history)
+    print(f"saved the {METHOD_NAMES[method]} model, its card and train_metrics.json to {training_args.output_dir} "
+          f"(main process of {trainer.accelerator.num_processes})", flush=True)
+    if publish_wanted:
+        publish(training_args.output_dir, training_args.hub_model_id, training_args.hub_private_repo)
+
+
+def add_card_evaluation(output_dir, title: str, metrics: dict) -> None:
+    """Add measured metrics to a saved card as a section above its recipe (a local run without a Hub repo;
+    `python -m eval suite --push-to-hub` writes them as model-index instead)."""
+    from eval.runs import write_text
+
+    path = Path(output_dir) / "README.md"
+    text = path.read_text()
+    section = f"## Evaluation: {title}\n\n{_table(metrics)}\n"
+    head, sep, recipe = text.partition("## Recipe")
+    write_text(path, f"{head}{section}\n{sep}{recipe}" if sep else f"{text}\n{section}")
+
+
+def publish(output_dir, hub_model_id: str | None, private: bool | None = None,
+            message: str = "privacy-align: final model") -> str:
+    """Upload the final folder (weights, processor, card) as one commit; the token comes from the environment."""
+    from huggingface_hub import HfApi
+
+    if not hub_model_id:
+        raise InputError("command line", None, "hub_model_id",
+                         "push_to_hub needs it (e.g. your-name/qwen2-vl-7b-spy-nca-p)")
+    api = HfApi(token=os.environ.get("HF_TOKEN"))
+    api.create_repo(hub_model_id, private=private, exist_ok=True)
+    api.upload_folder(repo_id=hub_model_id, folder_path=output_dir, commit_message=message,
+                      ignore_patterns=["checkpoint-*", "*.pt", "runs/*", "training_args.bin", "train_metrics.json"])
+    print(f"published {output_dir} to {api.endpoint}/{hub_model_id}", flush=True)
+    return hub_model_id
