@@ -6,12 +6,14 @@ forward unless the reference log-probabilities were precomputed) followed by the
 configuration collates one fixed batch once; the repetitions run every configuration once each, in a rotating
 order, so a burst of load from other processes hits all of them alike. Medians (and minima) are reported.
 
-Two random-weight Qwen2-VL models are built in a temporary directory with train/tiny_model.py:
-- tiny:  the test model (text hidden 64 / 2 layers, vision embed 32 / depth 2), 448x448 images resized to 224x224,
-         64 image tokens;
-- heavy: vision-heavy (text hidden 256 / 4 layers, vision embed 256 / depth 6), 448x448 images, 256 image tokens.
+Two random-weight models of one Qwen family (`--family`, default Qwen2-VL) are built in a temporary directory with
+train/tiny_model.py:
+- tiny:  the test model (text hidden 64 / 2 layers, vision embed 32 / depth 2), images resized to 64 image tokens;
+- heavy: vision-heavy (text hidden 256 / 4 layers, vision embed 256 / depth 6), 256 image tokens per image.
+Images are 16 merged patches a side: 448x448 for the 14-pixel patches of Qwen2-VL and Qwen2.5-VL, 512x512 for
+Qwen3-VL's 16-pixel ones, so every family sees the same number of image tokens.
 
-    python benchmarks/train_step.py [--configs tiny,heavy] [--reps 3] [--batch-size 2] [--lora]
+    python benchmarks/train_step.py [--family qwen3_vl] [--configs tiny,heavy] [--reps 3] [--batch-size 2] [--lora]
                                     [--json benchmarks/results/train_step_cpu.json]
 
 Peak memory: the process holds every configuration at once, so its RSS high-water mark says nothing about one of
@@ -39,11 +41,11 @@ for _key, _value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DAT
     os.environ.setdefault(_key, _value)
 
 MODEL_CONFIGS = {
-    "tiny": {},  # build_tiny_model's defaults: max_pixels 224*224
+    "tiny": {},  # build_tiny_model's defaults: 64 image tokens
     "heavy": {"hidden": 256, "layers": 4, "heads": 4, "kv_heads": 2, "vision_depth": 6, "vision_embed": 256,
-                  "max_pixels": 448 * 448},
+              "max_pixels": "image"},  # the whole image: 256 image tokens
 }
-IMAGE_SIZE = 448
+PATCH_SIZES = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16, "qwen3_vl_moe": 16}  # the families that share vision
 METHODS = ("nca_p", "dpo")
 METHOD_NAMES = {"nca_p": "NCA-P", "dpo": "DPO"}
 # (shared_vision, precompute_ref_log_probs); the first is the baseline: what TRL does out of the box
@@ -171,10 +173,18 @@ def batch_stats(batch) -> dict:
 
 # ---- benchmark ----------------------------------------------------------------------------------------------------
 
+def image_size(family: str) -> int:
+    return 16 * 2 * PATCH_SIZES[family]  # 16 x 16 merged 2x2 patch blocks
+
+
+def model_config(name: str, family: str) -> dict:
+    return {k: image_size(family) ** 2 if v == "image" else v for k, v in MODEL_CONFIGS[name].items()}
+
+
 def benchmark_config(name, workdir, data_dir, args, libc) -> dict:
     from train.tiny_model import build_tiny_model
 
-    model_dir = build_tiny_model(workdir / f"model-{name}", **MODEL_CONFIGS[name])
+    model_dir = build_tiny_model(workdir / f"model-{name}", family=args.family, **model_config(name, args.family))
     runs = {}
     for method in args.methods:
         for shared, precompute in VARIANTS:
@@ -216,7 +226,8 @@ def benchmark_config(name, workdir, data_dir, args, libc) -> dict:
     params = {"total": sum(p.numel() for p in model.parameters()),
               "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
     params["vision"] = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
-    result = {"model": {**MODEL_CONFIGS[name], "parameters": params}, "variants": {}, "ratios": {}}
+    result = {"model": {"family": args.family, **model_config(name, args.family), "parameters": params},
+              "variants": {}, "ratios": {}}
     for key in keys:
         run = runs[key]
         times = run["times"]
@@ -258,7 +269,7 @@ def _mb(x) -> str:
 def markdown_table(name: str, result: dict) -> str:
     params = result["model"]["parameters"]
     batches = {METHOD_NAMES[k.split("/")[0]]: v["batch"] for k, v in result["variants"].items()}
-    lines = [(f"### {name}: {params['total'] / 1e6:.1f}M parameters ({params['vision'] / 1e6:.1f}M vision, "
+    lines = [(f"### {result['model']['family']} {name}: {params['total'] / 1e6:.1f}M parameters ({params['vision'] / 1e6:.1f}M vision, "
              f"{params['trainable'] / 1e6:.2f}M trained)"), "",
              "Batch: " + "; ".join(f"{m} {b['sequences']} sequences x {b['padded_length']} tokens, "
                                    f"{b['image_tokens_per_image']} image tokens per image" for m, b in batches.items()),
@@ -281,6 +292,8 @@ def markdown_table(name: str, result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--family", default="qwen2_vl", choices=list(PATCH_SIZES),
+                        help="model family (train/tiny_model.py); the ones that share vision encoding")
     parser.add_argument("--configs", default="tiny,heavy", help="comma-separated, of: " + ", ".join(MODEL_CONFIGS))
     parser.add_argument("--methods", default="nca_p,dpo", help="comma-separated, of: " + ", ".join(METHODS))
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions of every configuration")
@@ -316,13 +329,13 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "load_average_start": os.getloadavg(), "python": sys.version.split()[0],
                     "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
-        "settings": {"reps": args.reps, "batch_size": args.batch_size, "finetune": "lora" if args.lora else "full",
-                     "image_size": IMAGE_SIZE, "dtype": "float32", "activation_checkpointing": False},
+        "settings": {"family": args.family, "reps": args.reps, "batch_size": args.batch_size,
+                     "finetune": "lora" if args.lora else "full", "image_size": image_size(args.family), "dtype": "float32", "activation_checkpointing": False},
         "configs": {},
     }
     with tempfile.TemporaryDirectory(prefix="bench-train-step-") as tmp:
         workdir = Path(tmp)
-        data_dir = build(workdir / "data", train_per_label=1, test_per_label=1, image_size=IMAGE_SIZE)
+        data_dir = build(workdir / "data", train_per_label=1, test_per_label=1, image_size=image_size(args.family))
         for name in args.configs:
             print(f"[{name}] building the model and {len(args.methods) * len(VARIANTS)} trainers", flush=True)
             report["configs"][name] = benchmark_config(name, workdir, data_dir, args, libc)

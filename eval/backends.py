@@ -31,6 +31,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 from data_prep.errors import InputError
+from data_prep.families import pixel_kwargs
 from eval.runs import RunFile, iter_chunks
 
 logger = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ class HFGenerator(Generator):
             device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu"
         if dtype == "auto":  # bf16 on GPUs; CPUs run float32 faster than bf16
             dtype = "bfloat16" if device.startswith("cuda") else "float32"
-        pixels = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+        pixels = pixel_kwargs(model, min_pixels, max_pixels, trust_remote_code=trust_remote_code)
         self.processor = AutoProcessor.from_pretrained(model, trust_remote_code=trust_remote_code, **pixels)
         self.processor.tokenizer.padding_side = "left"
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
@@ -169,8 +170,8 @@ class HFGenerator(Generator):
 
         texts = [self.processor.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True)
                  for r in batch]
-        flat = [image for request_images in images for image in request_images]
-        inputs = self.processor(text=texts, images=flat or None, padding=True, return_tensors="pt")
+        # One list of images per text: Gemma 3's processor matches them per prompt, Qwen's accept either layout.
+        inputs = self.processor(text=texts, images=images if any(images) else None, padding=True, return_tensors="pt")
         inputs = inputs.to(self.device, dtype=self.model.dtype)  # only floating tensors (pixels) are cast
         with torch.inference_mode():
             out = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False,
@@ -245,7 +246,7 @@ class VLLMGenerator(Generator):
 
         self.name, self.chunk_size = str(model), chunk_size
         self.processor = AutoProcessor.from_pretrained(model, trust_remote_code=trust_remote_code)
-        mm_kwargs = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+        mm_kwargs = pixel_kwargs(model, min_pixels, max_pixels, trust_remote_code=trust_remote_code)
         self.llm = vllm.LLM(
             model=model, tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
             max_model_len=max_model_len, dtype=dtype,

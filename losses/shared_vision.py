@@ -3,9 +3,10 @@
 A DPO / NCA pair is two sequences on one image, an NCA-P example four; TRL's collator repeats the image in
 every sequence, so the vision tower runs 2x / 4x per model per step. Here the collator keeps each image
 once and adds `image_index` (one entry per image slot of the batch, pointing at its unique image), and the
-Qwen2-VL backbone encodes the unique images and hands the features to every slot through
-`mm_encoder_outputs`. It all happens inside the model's forward, so DDP and DeepSpeed hooks see every
-parameter, and the backward pass sums each image's gradient over the sequences that used it: losses and
+Qwen backbone (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) encodes the unique images and hands the features
+to every slot through `mm_encoder_outputs`. Qwen3-VL also feeds each image's deepstack features (one per
+listed vision block) into the first language layers; they are indexed onto the slots the same way. It all
+happens inside the model's forward, so DDP and DeepSpeed hooks see every parameter, and the backward pass sums each image's gradient over the sequences that used it: losses and
 gradients equal those of the repeated computation.
 """
 
@@ -16,15 +17,21 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 
 class SharedImagesMixin:
-    """Mixed into the backbone class (`Qwen2VLModel`, `Qwen2_5_VLModel`): accepts `image_index`."""
+    """Mixed into the backbone class (`Qwen2VLModel`, ..., `Qwen3VLMoeModel`): accepts `image_index`."""
 
     def forward(self, *args, image_index: torch.Tensor | None = None, **kwargs):
         if image_index is None:
             return super().forward(*args, **kwargs)
         pixel_values, image_grid_thw = kwargs.pop("pixel_values"), kwargs.pop("image_grid_thw")
-        features = self.get_image_features(pixel_values, image_grid_thw, return_dict=True).pooler_output
+        features = self.get_image_features(pixel_values, image_grid_thw, return_dict=True)
         slots = image_index.tolist()
-        shared = BaseModelOutputWithPooling(pooler_output=tuple(features[i] for i in slots))
+        pooled = tuple(features.pooler_output[i] for i in slots)
+        deepstack = getattr(features, "deepstack_features", None)
+        if deepstack is None:
+            shared = BaseModelOutputWithPooling(pooler_output=pooled)
+        else:  # Qwen3-VL: per listed vision block, a tuple of per-image features
+            shared = type(features)(pooler_output=pooled,
+                                    deepstack_features=[tuple(layer[i] for i in slots) for layer in deepstack])
         return super().forward(*args, image_grid_thw=image_grid_thw[image_index], mm_encoder_outputs={"image": shared},
                                **kwargs)
 
@@ -37,7 +44,7 @@ def vision_backbone(model):
     for candidate in (module, getattr(module, "model", None)):
         if candidate is not None and hasattr(candidate, "get_image_features") and hasattr(candidate, "visual"):
             return candidate
-    raise TypeError(f"{type(module).__name__} has no vision backbone with get_image_features (not a Qwen2-VL?)")
+    raise TypeError(f"{type(module).__name__} has no vision backbone with get_image_features (not a Qwen-VL?)")
 
 
 def enable_shared_vision(model) -> None:

@@ -4,7 +4,8 @@ DPO (`loss_type: sigmoid`) and NCA (`loss_type: nca_pair`) use TRL's own loss co
 only what TRL does not support for vision datasets:
 
 - `shared_vision` (default on): the collator keeps each image once and the backbone encodes it once per model
-  per step (losses/shared_vision.py).
+  per step (losses/shared_vision.py). Families that cannot share (data_prep/families.py) train on the plain path,
+  with one warning.
 - `precompute_ref_log_probs`: TRL refuses it for vision datasets. Here one pass before training stores the
   reference log-probabilities of every row in a column `ref_logps`, cached on disk under
   `<output_dir>/ref_logps/` keyed by the reference weights and the data, and the reference model is released:
@@ -25,15 +26,19 @@ from datasets.fingerprint import Hasher
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers.data.data_collator import DataCollatorMixin
+from transformers.utils import logging
 from trl import DPOConfig, DPOTrainer
 from trl.models import prepare_deepspeed
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
 from trl.trainer.utils import use_adapter
 
+from data_prep.families import supports_shared_vision
 from losses.checkpointing import HubFormatResumeMixin
 from losses.fingerprint import weights_fingerprint
 from losses.shared_vision import enable_shared_vision, share_images
+
+logger = logging.get_logger(__name__)
 
 # Batch entries that are not model inputs.
 NON_MODEL_KEYS = {"completion_mask", "ref_chosen_logps", "ref_rejected_logps", "ref_logps"}
@@ -88,12 +93,19 @@ class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
                  processing_class=None, **kwargs):
         precompute = args.precompute_ref_log_probs
         args.precompute_ref_log_probs = False  # TRL refuses it for vision data; done below instead
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        unshared = args.shared_vision and not supports_shared_vision(model_type)
+        if unshared:  # the card's recipe then records what ran
+            args.shared_vision = False
         if data_collator is None:
             data_collator = self.collator_class(processing_class, shared_vision=args.shared_vision,
                                                 max_length=args.max_length)
         super().__init__(model, ref_model=ref_model, args=args, data_collator=data_collator,
                          processing_class=processing_class, **kwargs)
         args.precompute_ref_log_probs = precompute
+        if unshared and self.is_world_process_zero():
+            logger.warning(f"shared_vision: {model_type} cannot share one image encoding between sequences; "
+                           "training on the plain path (every sequence encodes its image)")
         if args.shared_vision:
             for m in (self.model, self.ref_model):
                 if m is not None:

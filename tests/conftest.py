@@ -1,4 +1,5 @@
-"""Session fixtures shared by every test: the tiny offline Qwen2-VL and a small synthetic SPY dataset."""
+"""Session fixtures shared by every test: the tiny offline models (Qwen2-VL, and one per supported family) and a
+small synthetic SPY dataset."""
 
 import os
 
@@ -18,6 +19,21 @@ def tiny_model_dir(tmp_path_factory):
     from train.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2vl"))
+
+
+@pytest.fixture(scope="session")
+def tiny_family_dir(tmp_path_factory, tiny_model_dir):
+    """family -> its tiny random model directory, each built once per session (2-5 s each)."""
+    from train.tiny_model import build_tiny_model
+
+    built = {"qwen2_vl": tiny_model_dir}
+
+    def get(family: str):
+        if family not in built:
+            built[family] = build_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}"), family=family)
+        return built[family]
+
+    return get
 
 
 @pytest.fixture(scope="session")

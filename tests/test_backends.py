@@ -166,6 +166,27 @@ def test_vllm_prompt_is_the_reference_qwen2_vl_prompt(tiny_model_dir):
     assert made["multi_modal_data"]["image"].tobytes() == image.tobytes()
 
 
+# The prompt each family's own chat template gives vLLM (image part first, then the text, generation prompt).
+FAMILY_PROMPTS = {
+    "qwen2_vl": QWEN2_VL_PROMPT,
+    "qwen2_5_vl": QWEN2_VL_PROMPT,  # Qwen2.5-VL ships Qwen2-VL's template
+    "qwen3_vl": "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>{}<|im_end|>\n<|im_start|>assistant\n",
+    "qwen3_vl_moe": "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>{}<|im_end|>\n<|im_start|>assistant\n",
+    "gemma3": "<bos><start_of_turn>user\n<start_of_image>{}<end_of_turn>\n<start_of_turn>model\n",
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILY_PROMPTS))
+def test_vllm_prompt_is_each_familys_own(family, tiny_family_dir):
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(tiny_family_dir(family))
+    image = picture()
+    made = vllm_input(processor, request(7, image))
+    assert made["prompt"] == FAMILY_PROMPTS[family].format("question 7")
+    assert made["multi_modal_data"]["image"].tobytes() == image.tobytes()
+
+
 def test_vllm_backend_says_how_to_get_vllm():
     try:
         import vllm  # noqa: F401
@@ -201,3 +222,22 @@ def test_hf_backend_generates_from_image_and_text(tiny_model_dir, tmp_path):
     assert [r["response"] for r in records] == [results["r0"]["text"], results["r1"]["text"]]
     gen.close()
     assert gen.model is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3"])
+def test_hf_backend_generates_with_every_family(family, tiny_family_dir):
+    gen = load_generator("hf", str(tiny_family_dir(family)), batch_size=3, max_new_tokens=4)
+    requests = [request(i, picture(size=(40 + 30 * i, 56))) for i in range(3)]
+    results = {r["id"]: r for r in gen.generate(requests)}
+    assert set(results) == {"r0", "r1", "r2"}
+    assert all(isinstance(r["text"], str) and r["text"] and "error" not in r for r in results.values())
+    assert "question" not in "".join(r["text"] for r in results.values())  # only the new tokens
+    # left padding in a batch of different image sizes does not change greedy outputs
+    assert next(gen.generate([requests[0]]))["text"] == results["r0"]["text"]
+    gen.close()
+
+
+def test_hf_backend_refuses_pixel_bounds_a_family_lacks(tiny_family_dir):
+    with pytest.raises(InputError, match="gemma3 resizes every image to one fixed size"):
+        load_generator("hf", str(tiny_family_dir("gemma3")), min_pixels=200704)

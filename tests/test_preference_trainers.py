@@ -1,9 +1,10 @@
-"""The NCA-P and DPO/NCA trainers on the tiny model, in process:
+"""The NCA-P and DPO/NCA trainers on the tiny models of every supported family, in process:
 
 - the NCA-P loss of a batch equals `nca_p_loss` of log-probabilities computed independently (plain forward,
   explicit log-softmax) for the four sequences of each example;
 - shared vision encoding gives the same loss and the same gradient for every parameter (float32, 1e-5),
-  for NCA-P and DPO, full fine-tuning and LoRA;
+  for NCA-P and DPO, full fine-tuning and LoRA, on every Qwen family (Qwen3-VL's deepstack features included);
+  a family that cannot share (Gemma 3) says so once and trains on the plain path;
 - precomputed reference log-probabilities give the live-reference loss, are cached on disk and release the
   reference model.
 """
@@ -13,13 +14,17 @@ import torch
 from peft import LoraConfig
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
+from data_prep.families import supports_shared_vision
 from data_prep.spy_tune import build_dataset
 from losses import nca_p_loss
 from losses.nca_p_trainer import NCAPCollator, NCAPConfig, NCAPTrainer
 from losses.vision_dpo_trainer import PreferenceCollator, VisionDPOConfig, VisionDPOTrainer
+from train.tiny_model import FAMILIES
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
+SHARING = [f for f in FAMILIES if supports_shared_vision(f)]
+NOT_SHARING = [f for f in FAMILIES if not supports_shared_vision(f)]
 
 
 def make_trainer(kind, tiny_model_dir, synthetic_dir, tmp_path, lora=False, **config):
@@ -60,13 +65,17 @@ def independent_logp(model, processor, image, prompt, completion) -> float:
     n = completion_ids.size(1)
     inputs["input_ids"] = torch.cat([inputs["input_ids"], completion_ids], dim=1)
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
-    inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(completion_ids)], dim=1)
+    for key in ("mm_token_type_ids", "token_type_ids"):  # Qwen / Gemma 3: image positions of the prompt
+        if key in inputs:
+            inputs[key] = torch.cat([inputs[key], torch.zeros_like(completion_ids)], dim=1)
     with torch.no_grad():
         logits = model(**inputs).logits[0, -n - 1:-1]
     return torch.log_softmax(logits.double(), dim=-1).gather(1, completion_ids[0, :, None]).sum().item()
 
 
-def test_nca_p_loss_equals_independent_computation(tiny_model_dir, synthetic_dir, tmp_path):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_nca_p_loss_equals_independent_computation(family, tiny_family_dir, synthetic_dir, tmp_path):
+    tiny_model_dir = tiny_family_dir(family)
     trainer, dataset = make_trainer("nca_p", tiny_model_dir, synthetic_dir, tmp_path)
     perturb(trainer.model)
     examples = [dict(dataset[i]) for i in range(2)]
@@ -102,8 +111,10 @@ def loss_and_grads(trainer, batch):
     return loss.item(), grads
 
 
+@pytest.mark.parametrize("family", SHARING)
 @pytest.mark.parametrize("kind,lora", [("nca_p", False), ("nca_p", True), ("dpo", False), ("dpo", True)])
-def test_shared_vision_changes_nothing_but_the_work(kind, lora, tiny_model_dir, synthetic_dir, tmp_path):
+def test_shared_vision_changes_nothing_but_the_work(kind, lora, family, tiny_family_dir, synthetic_dir, tmp_path):
+    tiny_model_dir = tiny_family_dir(family)
     trainer, dataset = make_trainer(kind, tiny_model_dir, synthetic_dir, tmp_path, lora=lora)
     if not lora:
         perturb(trainer.model)
@@ -134,8 +145,9 @@ def count_vision_calls(model):
     return calls
 
 
-def test_vision_tower_runs_once_per_image(tiny_model_dir, synthetic_dir, tmp_path):
-    trainer, dataset = make_trainer("nca_p", tiny_model_dir, synthetic_dir, tmp_path)
+@pytest.mark.parametrize("family", SHARING)
+def test_vision_tower_runs_once_per_image(family, tiny_family_dir, synthetic_dir, tmp_path):
+    trainer, dataset = make_trainer("nca_p", tiny_family_dir(family), synthetic_dir, tmp_path)
     policy_calls, reference_calls = count_vision_calls(trainer.model), count_vision_calls(trainer.ref_model)
     batch = trainer.data_collator([dict(dataset[i]) for i in range(2)])
     trainer.compute_loss(trainer.model, batch)
@@ -144,8 +156,9 @@ def test_vision_tower_runs_once_per_image(tiny_model_dir, synthetic_dir, tmp_pat
     assert policy_calls == reference_calls == [patches]  # each model encodes the 2 images once, not 8 times
 
 
-@pytest.mark.parametrize("kind", ["nca_p", "dpo"])
-def test_precomputed_reference_equals_live_reference(kind, tiny_model_dir, synthetic_dir, tmp_path):
+@pytest.mark.parametrize("kind,family", [("nca_p", f) for f in FAMILIES] + [("dpo", "qwen2_vl"), ("dpo", "gemma3")])
+def test_precomputed_reference_equals_live_reference(kind, family, tiny_family_dir, synthetic_dir, tmp_path):
+    tiny_model_dir = tiny_family_dir(family)
     live, dataset = make_trainer(kind, tiny_model_dir, synthetic_dir, tmp_path / "live")
     pre, pre_dataset = make_trainer(kind, tiny_model_dir, synthetic_dir, tmp_path / "pre",
                                     precompute_ref_log_probs=True)
@@ -175,3 +188,19 @@ def test_precomputed_reference_equals_live_reference(kind, tiny_model_dir, synth
     again, _ = make_trainer(kind, tiny_model_dir, synthetic_dir, tmp_path / "pre", precompute_ref_log_probs=True)
     assert cache[0].stat().st_mtime_ns == mtime
     assert again.train_dataset["ref_logps"] == pre.train_dataset["ref_logps"]
+
+
+@pytest.mark.parametrize("family", NOT_SHARING)
+@pytest.mark.parametrize("kind", ["nca_p", "dpo"])
+def test_family_without_sharing_says_so_once_and_trains_plain(kind, family, tiny_family_dir, synthetic_dir, tmp_path,
+                                                                caplog):
+    with caplog.at_level("WARNING"):
+        trainer, dataset = make_trainer(kind, tiny_family_dir(family), synthetic_dir, tmp_path)
+    warnings = [r.getMessage() for r in caplog.records if "shared_vision" in r.getMessage()]
+    assert len(warnings) == 1 and family in warnings[0] and "plain path" in warnings[0]
+    assert trainer.args.shared_vision is False and trainer.data_collator.shared_vision is False
+    batch = trainer.data_collator([dict(dataset[i]) for i in range(2)])
+    assert "image_index" not in batch and batch["pixel_values"].size(0) == batch["input_ids"].size(0)
+    perturb(trainer.model)
+    loss, grads = loss_and_grads(trainer, batch)
+    assert torch.isfinite(torch.tensor(loss)) and any(g.abs().sum() > 0 for g in grads.values())

@@ -1,5 +1,8 @@
 """Each method trains the tiny model a few steps through the entry script and recipe the README shows,
-launched with `accelerate launch`, and leaves a loadable checkpoint with a model card. Resuming works."""
+launched with `accelerate launch`, and leaves a loadable checkpoint with a model card. Resuming works.
+
+Launched here: every method on Qwen2-VL, NCA-P on every other family, SFT on Gemma 3. The remaining
+(method, family) pairs run the same entry scripts in process (tests/test_families.py)."""
 
 import json
 import math
@@ -14,6 +17,7 @@ from safetensors.torch import load_file
 
 from data_prep.errors import new_file_mode
 from train.common import METHOD_NAMES
+from train.tiny_model import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -43,13 +47,19 @@ def changed_fraction(before: dict, after: dict) -> float:
     return sum(not before[k].equal(after[k]) for k in before) / len(before)
 
 
-@pytest.mark.parametrize(
-    "script,recipe,method",
-    [("sft", "sft", "sft"), ("dpo", "dpo", "dpo"), ("dpo", "nca", "nca"), ("nca_p", "nca_p", "nca_p")],
-)
-def test_method_trains_and_saves(script, recipe, method, tiny_model_dir, synthetic_dir, tmp_path):
-    from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
+LAUNCHED = [
+    ("sft", "sft", "sft", "qwen2_vl"), ("dpo", "dpo", "dpo", "qwen2_vl"), ("dpo", "nca", "nca", "qwen2_vl"),
+    ("nca_p", "nca_p", "nca_p", "qwen2_vl"),
+    *[("nca_p", "nca_p", "nca_p", family) for family in FAMILIES if family != "qwen2_vl"],
+    ("sft", "sft", "sft", "gemma3"),
+]
 
+
+@pytest.mark.parametrize("script,recipe,method,family", LAUNCHED)
+def test_method_trains_and_saves(script, recipe, method, family, tiny_family_dir, synthetic_dir, tmp_path):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    tiny_model_dir = tiny_family_dir(family)
     out = tmp_path / recipe
     log = []
     history = launch(script, recipe, tiny_model_dir, synthetic_dir, out, log=log)
@@ -64,7 +74,7 @@ def test_method_trains_and_saves(script, recipe, method, tiny_model_dir, synthet
     after = load_file(out / "model.safetensors")
     assert before.keys() == after.keys()
     assert changed_fraction(before, after) > 0.9  # every trained tensor moved (a few buffers may not)
-    Qwen2VLForConditionalGeneration.from_pretrained(out)
+    assert AutoModelForImageTextToText.from_pretrained(out).config.model_type == family
     AutoProcessor.from_pretrained(out)
     # readable by colleagues: the user's umask, not safetensors' 0600, for the final folder and checkpoints
     for weights in (out / "model.safetensors", out / "checkpoint-2" / "model.safetensors"):
@@ -72,6 +82,7 @@ def test_method_trains_and_saves(script, recipe, method, tiny_model_dir, synthet
     card = (out / "README.md").read_text()
     # a local base is no Hub id: the card names its absolute path in the text, not as base_model metadata
     assert f"`{tiny_model_dir}` fine-tuned with **{METHOD_NAMES[method]}**" in card and "base_model" not in card
+    assert f"- {family}\n" in card  # the family's tag: the saved config's model_type
     if method != "sft":
         assert any("rewards/accuracies" in entry for entry in history)
     if method == "nca_p":

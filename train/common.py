@@ -229,9 +229,11 @@ def _load_model_and_processor(model_args, script_args: SpyTuneArguments, trainin
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import get_quantization_config
 
+    from data_prep.families import pixel_kwargs
+
     trust = training_args.trust_remote_code
-    pixel_bounds = {k: v for k, v in (("min_pixels", script_args.min_pixels), ("max_pixels", script_args.max_pixels))
-                    if v is not None}
+    pixel_bounds = pixel_kwargs(model_args.model_name_or_path, script_args.min_pixels, script_args.max_pixels,
+                                revision=model_args.model_revision, trust_remote_code=trust)  # InputError: `run`
     processor = AutoProcessor.from_pretrained(
         model_args.model_name_or_path, revision=model_args.model_revision, trust_remote_code=trust, **pixel_bounds
     )

@@ -1,0 +1,48 @@
+"""The supported model families and what differs between them, keyed by the checkpoint config's `model_type`.
+
+- `shared_vision`: the backbone can encode each image once and hand its features to every sequence that shows
+  it (losses/shared_vision.py). Gemma 3 scatters its pooled image tokens inside a forward that takes pixel
+  values only, so it trains on the plain path.
+- `pixel_bounds`: the image processor sizes images between `min_pixels` and `max_pixels` (Qwen's dynamic
+  resolution). Gemma 3 resizes every image to one fixed square (896 x 896 in the released checkpoints), so
+  the bounds are refused rather than ignored.
+
+A model of a family not listed here still loads and trains through the Auto classes, on the plain path, and
+its pixel bounds go to its processor unchanged.
+"""
+
+from __future__ import annotations
+
+from data_prep.errors import InputError
+
+FAMILIES = {
+    "qwen2_vl": {"shared_vision": True, "pixel_bounds": True},
+    "qwen2_5_vl": {"shared_vision": True, "pixel_bounds": True},
+    "qwen3_vl": {"shared_vision": True, "pixel_bounds": True},
+    "qwen3_vl_moe": {"shared_vision": True, "pixel_bounds": True},
+    "gemma3": {"shared_vision": False, "pixel_bounds": False},
+}
+
+
+def supports_shared_vision(model_type: str) -> bool:
+    return FAMILIES.get(model_type, {}).get("shared_vision", False)
+
+
+def model_type_of(model_name_or_path, **hub_kwargs) -> str:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_name_or_path, **hub_kwargs).model_type
+
+
+def pixel_kwargs(model_name_or_path, min_pixels: int | None, max_pixels: int | None, **hub_kwargs) -> dict:
+    """`AutoProcessor.from_pretrained` keyword arguments for the pixel bounds; InputError where the family has
+    no such notion."""
+    bounds = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+    if not bounds:
+        return {}
+    model_type = model_type_of(model_name_or_path, **hub_kwargs)
+    if not FAMILIES.get(model_type, {}).get("pixel_bounds", True):
+        raise InputError(model_name_or_path, None, "/".join(bounds),
+                         f"{model_type} resizes every image to one fixed size and has no min_pixels/max_pixels; "
+                         "remove them")
+    return bounds
