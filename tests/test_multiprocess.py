@@ -55,15 +55,18 @@ def assert_same_weights(a: Path, b: Path, name="model.safetensors") -> None:
 
 def test_cpu_2proc_config_starts_two_gloo_ranks(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("from accelerate import PartialState\nimport torch.distributed as dist\n"
-                     "s = PartialState(cpu=True)\n"
-                     "print('RANK', s.process_index, s.num_processes, s.distributed_type, dist.get_backend(), flush=True)\n")
+    # each rank writes its own file: two processes printing to one pipe can interleave their lines
+    probe.write_text("import sys\nfrom pathlib import Path\nfrom accelerate import PartialState\n"
+                     "import torch.distributed as dist\ns = PartialState(cpu=True)\n"
+                     "Path(sys.argv[1], f'rank{s.process_index}').write_text("
+                     "f'{s.process_index} {s.num_processes} {s.distributed_type} {dist.get_backend()}')\n")
     result = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                              str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), "--main_process_port",
-                             str(free_port()), str(probe)], capture_output=True, text=True, timeout=300)
+                             str(free_port()), str(probe), str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    ranks = sorted(line for line in result.stdout.splitlines() if line.startswith("RANK"))
-    assert ranks == ["RANK 0 2 DistributedType.MULTI_CPU gloo", "RANK 1 2 DistributedType.MULTI_CPU gloo"]
+    ranks = [(tmp_path / f"rank{i}").read_text() for i in range(2)]
+    assert ranks == ["0 2 DistributedType.MULTI_CPU gloo", "1 2 DistributedType.MULTI_CPU gloo"]
+    assert not (tmp_path / "rank2").exists()
 
 
 @pytest.mark.parametrize("script,recipe,overrides", [
