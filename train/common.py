@@ -87,21 +87,19 @@ def parse_recipe(*dataclass_types):
         raise
     except (ValueError, TypeError) as err:  # the dataclasses' own checks, e.g. TrainingArguments.__post_init__
         raise InputError(_source(), None, None, " ".join(str(err).split())) from None
-    _log_arguments(parsed)
     return parsed
 
 
-def _log_arguments(parsed) -> None:
-    """The data and model arguments that differ from their defaults, once, from the first process (the trainer
-    logs its own training arguments)."""
+def _log_arguments(*parsed) -> None:
+    """The data and model arguments that differ from their defaults, once, from the first process, when all input
+    is checked (bad input stays one line; the trainer logs the training arguments)."""
     from data_prep import log
     from losses.checkpointing import non_default_arguments
 
     if int(os.environ.get("RANK", "0")) == 0:
         log.setup()
         for args in parsed:
-            if not hasattr(args, "get_process_log_level"):  # TrainingArguments: the trainer logs those
-                logger.info("%s: %s", type(args).__name__, json.dumps(non_default_arguments(args)))
+            logger.info("%s: %s", type(args).__name__, json.dumps(non_default_arguments(args)))
 
 
 def _read_recipe(path, actions: dict) -> dict:
@@ -216,6 +214,7 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
 
 def load_model_and_processor(model_args, script_args: SpyTuneArguments, training_args):
     """Model and processor through `from_pretrained`, as for Qwen2-VL-7B-Instruct on the Hub."""
+    _log_arguments(script_args, model_args)
     try:
         return _load_model_and_processor(model_args, script_args, training_args)
     except OSError as err:  # not a local folder and not on the Hub (or offline), unreadable weights
