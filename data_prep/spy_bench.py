@@ -192,6 +192,8 @@ def expand_item(item: dict, distractors: bool = False, texts: dict[str, str] | N
         sample["input_question"] = compose_prompt(instructions, question["question"], template)
         sample["id"] = sample_id(sample)
         samples.append(sample)
+    for sample in samples:  # how many samples the item has (2 + its scenarios), so metrics can tell one missing
+        sample["item_samples"] = len(samples)
     return samples
 
 

@@ -194,3 +194,14 @@ def test_perfect_and_always_respond_on_synthetic_bench(synthetic_dir):
     always = spy_metrics(samples)
     assert always["ics"] == 0.0 and always["n4"] == 67 and always["rta_nonconflict"] == 0.0 and always["hms"] == 0.0
     assert always["accuracy"] == pytest.approx(62 / 134 * 100)  # the 62 non-private customizable samples
+
+
+def test_missing_samples_are_counted_against_each_items_own_size():
+    """An item has 2 + its scenarios' samples (4 for one with a single privacy scenario, not always 5)."""
+    from eval.spy.metrics import record_problems
+
+    item = [{"benchmark_id": "7", "eval_resp": "yes", "item_samples": 4} for _ in range(4)]
+    assert record_problems(item, "eval_resp", "f")["n_missing"] == 0
+    assert record_problems(item[:3], "eval_resp", "f")["n_missing"] == 1
+    released = [{"benchmark_id": "7", "eval_resp": "yes"} for _ in range(3)]  # no sizes: nothing to compare with
+    assert record_problems(released, "eval_resp", "f")["n_missing"] == 0

@@ -55,7 +55,6 @@ from data_prep.spy import ABS_PRIV_LABELS, SAFE_LABEL, is_abs, label_sort_key
 SCORES = ("accuracy", "abs_accuracy", "ics", "abs_ics", "rta_nonconflict", "ata_nonconflict", "ics_nonconflict",
           "ata_conflict")
 ABS_LABELS = frozenset(ABS_PRIV_LABELS)
-SAMPLES_PER_ITEM = 5  # the five SPY cases of one item (data_prep/spy_bench.py)
 PAIR_CLASSES = {("reject", "reject"): "n1", ("respond", "reject"): "n2", ("reject", "respond"): "n3",
                 ("respond", "respond"): "n4"}
 # Our key -> the reference's key, in its output order.
@@ -255,8 +254,9 @@ def to_reference(metrics: dict) -> dict:
 
 def record_problems(records: list[dict], key: str, source) -> dict:
     """Counts of the records that cannot count as judged: `n_failed` (the generation failed for good),
-    `n_unjudged` (no verdict under `key`, e.g. a failed judge request) and `n_missing` (samples absent: an
-    item expands into 5). A file with no verdict at all is not a judged file: InputError."""
+    `n_unjudged` (no verdict under `key`, e.g. a failed judge request) and `n_missing` (samples absent: each
+    sample of our run files says how many its item has). A file with no verdict at all is not a judged file:
+    InputError."""
     if not records:
         raise InputError(source, None, None, "no records")
     failed = sum(1 for r in records if r.get("error"))
@@ -264,8 +264,11 @@ def record_problems(records: list[dict], key: str, source) -> dict:
     if failed + unjudged == len(records):
         raise InputError(source, None, key, "no record has a verdict: run `spy judge` on it first"
                          + (" (or pass --key eval_3 for self-moderation)" if key == "eval_resp" else ""))
-    per_item = defaultdict(int)
+    per_item, expected = defaultdict(int), {}
     for r in records:
-        per_item[str(r.get("benchmark_id"))] += 1
-    missing = sum(max(0, SAMPLES_PER_ITEM - n) for n in per_item.values())
+        item = str(r.get("benchmark_id"))
+        per_item[item] += 1
+        if isinstance(r.get("item_samples"), int):  # our run files say it; released files do not (not counted)
+            expected[item] = r["item_samples"]
+    missing = sum(max(0, expected[item] - n) for item, n in per_item.items() if item in expected)
     return {"n_failed": failed, "n_unjudged": unjudged, "n_missing": missing}
