@@ -32,7 +32,7 @@ from pathlib import Path
 
 from data_prep.errors import InputError
 from data_prep.families import pixel_kwargs
-from eval.runs import RunFile, iter_chunks
+from eval.runs import RunFile, iter_chunks, process_group
 
 logger = logging.getLogger(__name__)
 
@@ -287,11 +287,6 @@ class OpenAIGenerator(Generator):
 
 
 BACKENDS: dict[str, type[Generator]] = {"hf": HFGenerator, "vllm": VLLMGenerator, "openai": OpenAIGenerator}
-
-
-def process_group() -> tuple[int, int]:
-    """(rank, world size) under `accelerate launch` or torchrun; (0, 1) in a plain process."""
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 class DataParallel(Generator):

@@ -57,10 +57,15 @@ def read_jsonl(path, required: Iterable[str] = ()) -> list[dict]:
     return _parse_lines(path, read_text(path).split("\n"), required)[1]
 
 
+def process_group() -> tuple[int, int]:
+    """(rank, world size) under `accelerate launch` or torchrun; (0, 1) in a plain process."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def is_main_process() -> bool:
     """False in every process but the first of a multi-process launch (`accelerate launch`, torchrun): under data-
     parallel generation every process holds all results (eval/backends.py gathers them) and the first one writes."""
-    return int(os.environ.get("RANK", "0")) == 0
+    return process_group()[0] == 0
 
 
 def write_text(path, text: str) -> None:

@@ -207,7 +207,7 @@ def run_spy(section: dict, judge, model: Model, out: Path) -> dict:
 def run_spatialtrust(section: dict, judge, model: Model, out: Path) -> dict:
     from eval.runs import RunFile, write_jsonl
     from eval.spatialtrust import data
-    from eval.spatialtrust.guard import DEFAULT_RETRIES, check_run_file, generate_predictions
+    from eval.spatialtrust.guard import DEFAULT_RETRIES, check_run_file, generate_predictions, run_header
     from eval.spatialtrust.scoring import compute_metrics
 
     if not Path(section["data"]).exists():  # synthetic_images: N -> draw the offline synthetic set once
@@ -221,10 +221,8 @@ def run_spatialtrust(section: dict, judge, model: Model, out: Path) -> dict:
         if not metrics_path.exists():
             run_path, predictions_path = folder / "run.jsonl", folder / "predictions.jsonl"
             generator = model.get()
-            header = {"step": "spatialtrust generate", "mode": mode, "model": model.model, "backend": model.backend,
-                      "box_scale": section.get("box_scale", "pixels"),
-                      "retries": section.get("retries", DEFAULT_RETRIES),
-                      **{k: model.options.get(k) for k in ("max_new_tokens", "min_pixels", "max_pixels")}}
+            header = run_header(mode, model.model, model.backend, section.get("box_scale", "pixels"),
+                                section.get("retries", DEFAULT_RETRIES), model.options)
             run = RunFile(run_path, header=header)
             check_run_file(run_path, mode, model.model)
             run.begin()

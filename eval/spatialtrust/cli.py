@@ -80,7 +80,7 @@ def backend_options(args) -> dict:
 
 def cmd_generate(args) -> int:
     from eval.backends import load_generator
-    from eval.spatialtrust.guard import check_run_file, generate_predictions
+    from eval.spatialtrust.guard import check_run_file, generate_predictions, run_header
 
     run_path = Path(args.run) if args.run else default_run_path(args.out)
     if run_path.resolve() == Path(args.out).resolve():
@@ -88,9 +88,7 @@ def cmd_generate(args) -> int:
     check_outputs([args.data], [args.out, run_path])
     records = _load(args, check_images=True)
     options = backend_options(args)
-    header = {"step": "spatialtrust generate", "mode": args.mode, "model": args.model, "backend": args.backend,
-              "box_scale": args.box_scale, "retries": args.retries,
-              **{k: options.get(k) for k in ("max_new_tokens", "min_pixels", "max_pixels")}}
+    header = run_header(args.mode, args.model, args.backend, args.box_scale, args.retries, options)
     run = RunFile(run_path, header=header, new_run=args.new_run)  # before loading a model
     if not args.new_run:
         check_run_file(run_path, args.mode, args.model)

@@ -210,6 +210,13 @@ def assemble(record: dict, verified: dict, final_parts: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- driver
+def run_header(mode: str, model: str, backend: str, box_scale: str, retries: int, options: dict) -> dict:
+    """What makes a guard run's answers (the run file's header): one definition for the CLI and the suite, so a run
+    started by one resumes under the other."""
+    return {"step": "spatialtrust generate", "mode": mode, "model": model, "backend": backend, "box_scale": box_scale,
+            "retries": retries, **{k: options.get(k) for k in ("max_new_tokens", "min_pixels", "max_pixels")}}
+
+
 def check_run_file(path, mode: str, model: str) -> None:
     """A run file continues only the run that wrote it: same mode, same model."""
     for record in RunFile(path).records():
