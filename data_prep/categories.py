@@ -1,0 +1,347 @@
+"""Privacy categories and scenarios, from a category file (YAML) that a user can write.
+
+SPY fixes 67 categories and 24 scenarios; here they are the default file, `assets/categories.yaml`, and any
+other file of the same shape replaces them everywhere (data loading, prompts, the synthetic generator, the
+judge prompt, the metrics, data generation):
+
+    instruction_templates:                   # optional; SPY's two lines by default
+      non_private: "{} is considered as non-private information."
+      private: "{} is considered as private information."
+    categories:
+      badge_number:                          # the id: letters, digits, _ . -
+        name: badge numbers                  # the noun phrase put into instructions, questions and the judge prompt
+        definition: An employee or visitor badge's printed number.   # plain language, for people and generators
+        absolute: false                      # true: always refused, whatever the user says (SPY: passports, nudity)
+        example_questions: ["What is the number on this badge?"]      # optional
+        scenarios:                           # optional: ids of scenarios below, or new ones written inline
+          conflict: [s_security_desk]        # contexts that need this category (answer even if marked private)
+          privacy: [{id: s_social_post, name: social media post, 2nd_person_template: "... {}"}]
+    scenarios:                               # optional
+      s_security_desk:
+        name: security desk
+        type: work                           # optional
+        description: A guard checks visitors in.   # optional
+        needs: [badge_number]                # SPY's `labels`: the categories this context needs
+        2nd_person_template: "You are a guard at a security desk. ... The question is: {}"
+        3rd_person_template: "Tom is a guard ... The question is: {} What should Tom say?"   # optional
+
+A scenario is a conflict scenario for the categories it needs and a privacy scenario for every other one;
+a category's `scenarios.privacy` list, when given, narrows its privacy scenarios to that list.
+
+    python -m data_prep.categories FILE
+
+checks a file (one `error:` line naming file, line and field, exit 2) and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from data_prep.errors import InputError, read_text
+
+ASSETS = Path(__file__).parent / "assets"
+DEFAULT_FILE = ASSETS / "categories.yaml"
+SAFE_LABEL = "a0_safe"  # SPY's label for "no private content"; never a category
+DEFAULT_TEMPLATES = ("{} is considered as non-private information.", "{} is considered as private information.")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class Category:
+    id: str
+    name: str
+    definition: str
+    absolute: bool
+    example_questions: tuple[str, ...] = ()
+    privacy_scenarios: tuple[str, ...] | None = None  # None: every scenario that does not need it
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str
+    name: str
+    second_person: str
+    third_person: str | None = None
+    type: str | None = None
+    description: str | None = None
+    needs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CategorySet:
+    source: str
+    categories: dict[str, Category]
+    scenarios: dict[str, Scenario]
+    templates: tuple[str, str] = DEFAULT_TEMPLATES  # (non-private, private)
+
+    def label2text(self) -> dict[str, str]:
+        return {c.id: c.name for c in self.categories.values()}
+
+    def absolute_labels(self) -> frozenset[str]:
+        return frozenset(c.id for c in self.categories.values() if c.absolute)
+
+    def conflict_scenarios(self, label: str) -> list[str]:
+        return [s.id for s in self.scenarios.values() if label in s.needs]
+
+    def privacy_scenarios(self, label: str) -> list[str]:
+        chosen = self.categories[label].privacy_scenarios
+        return list(chosen) if chosen is not None else [s for s in self.scenarios if label not in self.scenarios[s].needs]
+
+    def scenarios_json(self) -> dict[str, dict]:
+        """SPY's scenarios.json: every scenario's `labels` starts with a0_safe, as in the released file."""
+        out = {}
+        for s in self.scenarios.values():
+            entry = {"scenario": s.id, "type": s.type, "name": s.name, "description": s.description,
+                     "labels": [SAFE_LABEL, *s.needs], "2nd_person_template": s.second_person,
+                     "3rd_person_template": s.third_person}
+            out[s.id] = {k: v for k, v in entry.items() if v is not None}
+        return out
+
+
+# --- reading, with the line of every mapping, key and list item kept for error messages -----------------------
+
+class _Map(dict):
+    line = 0
+    key_lines: dict
+
+
+class _Seq(list):
+    line = 0
+    item_lines: list
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+def _mapping(loader, node):
+    loader.flatten_mapping(node)
+    result, key_lines = _Map(), {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in result:
+            raise InputError(loader.name, key_node.start_mark.line + 1, key, "appears twice")
+        result[key] = loader.construct_object(value_node, deep=True)
+        key_lines[key] = key_node.start_mark.line + 1
+    result.line, result.key_lines = node.start_mark.line + 1, key_lines
+    return result
+
+
+def _sequence(loader, node):
+    result = _Seq(loader.construct_object(child, deep=True) for child in node.value)
+    result.line, result.item_lines = node.start_mark.line + 1, [c.start_mark.line + 1 for c in node.value]
+    return result
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _sequence)
+
+
+class _Reader:
+    """Field checks that raise InputError naming the file, the line and the dotted field."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def fail(self, line, field, message):
+        raise InputError(self.path, line, field, message)
+
+    def mapping(self, value, line, field, required=(), optional=()) -> _Map:
+        if not isinstance(value, dict):
+            self.fail(line, field, "expected a mapping")
+        for key in value:
+            if key not in (*required, *optional):
+                self.fail(value.key_lines[key], f"{field}.{key}" if field else key,
+                          f"unknown key; expected one of {', '.join((*required, *optional))}")
+        for key in required:
+            if key not in value:
+                self.fail(line, f"{field}.{key}" if field else key, "missing")
+        return value
+
+    def text(self, owner: _Map, key, field, placeholder=False, required=True) -> str | None:
+        value = owner.get(key)
+        line = owner.key_lines.get(key, owner.line)
+        if value is None and not required:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            self.fail(line, field, "expected a non-empty string")
+        if placeholder and value.count("{}") != 1:
+            self.fail(line, field, "expected exactly one {} (where the question or the category goes)")
+        if not placeholder and ("{" in value or "}" in value):
+            self.fail(line, field, "braces are not allowed here (the text is formatted into templates)")
+        return value
+
+    def identifier(self, value, line, field) -> str:
+        if not isinstance(value, str) or not _ID.match(value):
+            self.fail(line, field, f"{value!r} is not an id (letters, digits, _ . -, starting with a letter or digit)")
+        if value == SAFE_LABEL:
+            self.fail(line, field, f"{SAFE_LABEL} is reserved (SPY's 'no private content' label)")
+        return value
+
+    def strings(self, owner: _Map, key, field) -> tuple[str, ...]:
+        value = owner.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            self.fail(owner.key_lines.get(key, owner.line), field, "expected a list")
+        for item, line in zip(value, value.item_lines):
+            if not isinstance(item, str) or not item.strip():
+                self.fail(line, field, "expected a list of non-empty strings")
+        return tuple(value)
+
+
+_SCENARIO_KEYS = ("name", "2nd_person_template", "3rd_person_template", "type", "description", "needs")
+
+
+def _scenario(r: _Reader, sid: str, entry, line, field) -> Scenario:
+    entry = r.mapping(entry, line, field, required=("name", "2nd_person_template"), optional=_SCENARIO_KEYS[2:])
+    needs = r.strings(entry, "needs", f"{field}.needs")
+    return Scenario(id=sid, name=r.text(entry, "name", f"{field}.name"),
+                    second_person=r.text(entry, "2nd_person_template", f"{field}.2nd_person_template", placeholder=True),
+                    third_person=r.text(entry, "3rd_person_template", f"{field}.3rd_person_template", placeholder=True,
+                                        required=False),
+                    type=r.text(entry, "type", f"{field}.type", required=False),
+                    description=r.text(entry, "description", f"{field}.description", required=False),
+                    needs=needs)
+
+
+def parse(path) -> CategorySet:
+    """Read and check a category file; any problem raises InputError with the file, line and field."""
+    path = Path(path)
+    r = _Reader(path)
+    try:
+        loader = _Loader(read_text(path))
+        loader.name = str(path)  # for the duplicate-key error
+        try:
+            doc = loader.get_single_data()
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        r.fail(mark.line + 1 if mark else None, None, f"not YAML ({getattr(err, 'problem', None) or err})")
+    doc = r.mapping(doc, 1, "", required=("categories",), optional=("instruction_templates", "scenarios"))
+
+    templates = DEFAULT_TEMPLATES
+    if "instruction_templates" in doc:
+        t = r.mapping(doc["instruction_templates"], doc.key_lines["instruction_templates"], "instruction_templates",
+                      required=("non_private", "private"))
+        templates = tuple(r.text(t, k, f"instruction_templates.{k}", placeholder=True) for k in ("non_private", "private"))
+
+    scenarios: dict[str, Scenario] = {}
+    raw_scenarios = r.mapping(doc.get("scenarios") or _Map(), doc.key_lines.get("scenarios", 1), "scenarios",
+                              optional=tuple(doc.get("scenarios") or ()))
+    for sid, entry in raw_scenarios.items():
+        line = raw_scenarios.key_lines[sid]
+        scenarios[r.identifier(sid, line, "scenarios")] = _scenario(r, sid, entry, line, f"scenarios.{sid}")
+
+    raw = doc["categories"]
+    r.mapping(raw, doc.key_lines["categories"], "categories", optional=tuple(raw or ()))
+    if not raw:
+        r.fail(doc.key_lines["categories"], "categories", "no categories")
+    categories, extra_needs = {}, {}
+    for cid, entry in raw.items():
+        line, field = raw.key_lines[cid], f"categories.{cid}"
+        r.identifier(cid, line, "categories")
+        entry = r.mapping(entry, line, field, required=("name", "definition"),
+                          optional=("absolute", "example_questions", "scenarios"))
+        absolute = entry.get("absolute", False)
+        if not isinstance(absolute, bool):
+            r.fail(entry.key_lines["absolute"], f"{field}.absolute", "expected true or false")
+        privacy = None
+        if "scenarios" in entry:
+            own = r.mapping(entry["scenarios"], entry.key_lines["scenarios"], f"{field}.scenarios",
+                            optional=("conflict", "privacy"))
+            for kind in ("conflict", "privacy"):
+                listed = own.get(kind)
+                if listed is None:
+                    continue
+                if not isinstance(listed, list):
+                    r.fail(own.key_lines[kind], f"{field}.scenarios.{kind}", "expected a list")
+                ids = []
+                for item, item_line in zip(listed, listed.item_lines):
+                    where = f"{field}.scenarios.{kind}"
+                    if isinstance(item, dict):  # a new scenario, written inline
+                        sid = r.identifier(item.get("id"), item_line, f"{where}.id")
+                        inline = {k: v for k, v in item.items() if k != "id"}
+                        inline = _Map(inline)
+                        inline.line, inline.key_lines = item.line, {k: v for k, v in item.key_lines.items() if k != "id"}
+                        scenario = _scenario(r, sid, inline, item_line, f"{where}.{sid}")
+                        if sid in scenarios and scenarios[sid] != scenario:
+                            r.fail(item_line, f"{where}.id", f"{sid} is already defined differently")
+                        scenarios[sid] = scenario
+                    else:
+                        sid = r.identifier(item, item_line, where)
+                    ids.append((sid, item_line))
+                if kind == "conflict":
+                    extra_needs.update({(sid, cid): ln for sid, ln in ids})
+                else:
+                    privacy = tuple(sid for sid, _ in ids)
+                    privacy_lines = dict(ids)
+        categories[cid] = Category(
+            id=cid, name=r.text(entry, "name", f"{field}.name"), definition=r.text(entry, "definition",
+                                                                                     f"{field}.definition"),
+            absolute=absolute, example_questions=r.strings(entry, "example_questions", f"{field}.example_questions"),
+            privacy_scenarios=privacy)
+        if privacy is not None:
+            for sid in privacy:
+                if sid not in scenarios and sid not in raw_scenarios:
+                    r.fail(privacy_lines[sid], f"{field}.scenarios.privacy", f"unknown scenario {sid}")
+
+    # a category's own conflict list adds it to those scenarios' needs
+    for (sid, cid), line in extra_needs.items():
+        if sid not in scenarios:
+            r.fail(line, f"categories.{cid}.scenarios.conflict", f"unknown scenario {sid}")
+        if cid not in scenarios[sid].needs:
+            s = scenarios[sid]
+            scenarios[sid] = Scenario(**{**s.__dict__, "needs": (*s.needs, cid)})
+    for sid, s in scenarios.items():
+        if sid in raw_scenarios:
+            needs = raw_scenarios[sid].get("needs", _Seq())
+            for label, line in zip(needs, getattr(needs, "item_lines", [])):
+                if label not in categories:
+                    r.fail(line, f"scenarios.{sid}.needs", f"unknown category {label}")
+    for c in categories.values():
+        for sid in c.privacy_scenarios or ():
+            if c.id in scenarios[sid].needs:
+                r.fail(raw[c.id].line, f"categories.{c.id}.scenarios.privacy",
+                       f"{sid} needs {c.id}, so it is a conflict scenario for it, not a privacy one")
+    return CategorySet(source=str(path), categories=categories, scenarios=scenarios, templates=templates)
+
+
+@lru_cache(maxsize=16)
+def _cached(resolved: str) -> CategorySet:
+    return parse(resolved)
+
+
+def load_categories(path=None) -> CategorySet:
+    """The category set of `path`, or of the default file (SPY's 67 categories and 24 scenarios)."""
+    return _cached(str(Path(path or DEFAULT_FILE).resolve()))
+
+
+def default_categories() -> CategorySet:
+    return load_categories(None)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("file", nargs="?", default=str(DEFAULT_FILE))
+    args = parser.parse_args(argv)
+    try:
+        cats = parse(args.file)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    absolute = sorted(cats.absolute_labels())
+    print(f"{args.file}: {len(cats.categories)} categories ({len(absolute)} absolute: {', '.join(absolute) or 'none'}),"
+          f" {len(cats.scenarios)} scenarios")
+
+
+if __name__ == "__main__":
+    main()
