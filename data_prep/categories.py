@@ -36,6 +36,7 @@ checks a file (one `error:` line naming file, line and field, exit 2) and prints
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import sys
 from dataclasses import dataclass
@@ -80,6 +81,7 @@ class CategorySet:
     categories: dict[str, Category]
     scenarios: dict[str, Scenario]
     templates: tuple[str, str] = DEFAULT_TEMPLATES  # (non-private, private)
+    digest: str = ""  # sha256 of the file's text: what run headers record, so a resume with another file refuses
 
     def label2text(self) -> dict[str, str]:
         return {c.id: c.name for c in self.categories.values()}
@@ -93,6 +95,29 @@ class CategorySet:
     def privacy_scenarios(self, label: str) -> list[str]:
         chosen = self.categories[label].privacy_scenarios
         return list(chosen) if chosen is not None else [s for s in self.scenarios if label not in self.scenarios[s].needs]
+
+    def is_default(self) -> bool:
+        return self.digest == default_categories().digest
+
+    def unknown_label(self, label, data_file=None) -> str:
+        """The message for a label this set lacks. The data was likely made from another category file: name the
+        file in use, and the category file that a data folder (beside `data_file`) holds, if any."""
+        message = f"unknown label {label!r}"
+        if not self.is_default():
+            message += f": not in the category file {self.source}"
+        beside = Path(data_file).parent / "categories.yaml" if data_file is not None else None
+        if beside is not None and beside.is_file() and beside.resolve() != Path(self.source).resolve():
+            return message + f"; the data came with {beside}: pass --categories {beside}"
+        return message + ("; pass --categories with the file the data was made with" if not self.is_default() else "")
+
+    def label_order(self, label) -> tuple:
+        """Sort key for per-category results: SPY's ids by number (a2 before a10), then this file's other ids in
+        file order, then any other label by name."""
+        number = re.match(r"^a(\d+)(?:_|$)", label) if isinstance(label, str) else None
+        if number:
+            return (0, int(number[1]), label)
+        order = list(self.categories)
+        return (1, order.index(label), label) if label in self.categories else (2, 0, str(label))
 
     def scenarios_json(self) -> dict[str, dict]:
         """SPY's scenarios.json: every scenario's `labels` starts with a0_safe, as in the released file."""
@@ -216,8 +241,9 @@ def parse(path) -> CategorySet:
     """Read and check a category file; any problem raises InputError with the file, line and field."""
     path = Path(path)
     r = _Reader(path)
+    text = read_text(path)
     try:
-        loader = _Loader(read_text(path))
+        loader = _Loader(text)
         loader.name = str(path)  # for the duplicate-key error
         try:
             doc = loader.get_single_data()
@@ -312,17 +338,29 @@ def parse(path) -> CategorySet:
             if c.id in scenarios[sid].needs:
                 r.fail(raw[c.id].line, f"categories.{c.id}.scenarios.privacy",
                        f"{sid} needs {c.id}, so it is a conflict scenario for it, not a privacy one")
-    return CategorySet(source=str(path), categories=categories, scenarios=scenarios, templates=templates)
+    return CategorySet(source=str(path), categories=categories, scenarios=scenarios, templates=templates,
+                       digest=hashlib.sha256(text.encode("utf-8")).hexdigest())
 
 
 @lru_cache(maxsize=16)
-def _cached(resolved: str) -> CategorySet:
+def _cached(resolved: str, stamp: tuple) -> CategorySet:
     return parse(resolved)
 
 
 def load_categories(path=None) -> CategorySet:
     """The category set of `path`, or of the default file (SPY's 67 categories and 24 scenarios)."""
-    return _cached(str(Path(path or DEFAULT_FILE).resolve()))
+    path = Path(path or DEFAULT_FILE)
+    try:
+        stat = path.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)  # an edited file is read again
+    except OSError:
+        stamp = ()  # parse names the problem
+    return _cached(str(path.resolve()), stamp)
+
+
+def as_categories(value=None) -> CategorySet:
+    """A CategorySet from what callers pass: None (the default file), a path, or a CategorySet."""
+    return value if isinstance(value, CategorySet) else load_categories(value)
 
 
 def default_categories() -> CategorySet:

@@ -9,10 +9,12 @@ instructions plus the target's).
 A sample carries the reference's fields (`benchmark_id`, `label`, `is_privacy`, `question_id`,
 `image_path`, `question`, `ref_answer`, optional `label2text` / `instruct_templates`, `other_labels` with
 distractors, `scenario` = `{id, is_privacy, 2nd_template}` for scenario cases only) plus an `id` and the
-composed `input_question`. Every item is checked before any sample is made; bad input raises InputError
-naming the file, the line where the item starts, and the field.
+composed `input_question`. Label texts and instruction templates come from a category file
+(`data_prep/categories.py`; default: SPY's 67 categories); an item's own `label2text` / `instruct_templates`
+override them. Every item is checked before any sample is made; bad input raises InputError naming the file,
+the line where the item starts, and the field.
 
-    samples = build_samples("questions.json", images_dir="data", distractors=True)
+    samples = build_samples("questions.json", images_dir="data", distractors=True, categories="my_categories.yaml")
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import json
 import re
 from pathlib import Path
 
+from data_prep.categories import as_categories
 from data_prep.errors import InputError, check_image, read_text
-from data_prep.spy import INSTRUCT_TEMPLATES, SAFE_LABEL, compose_prompt, instruction_block, label2text
+from data_prep.spy import SAFE_LABEL, compose_prompt, instruction_block
 
 
 def sample_id(record: dict) -> str:
@@ -90,7 +93,7 @@ def _is_flag(value) -> bool:
     return isinstance(value, (int, float)) and value in (0, 1)
 
 
-def check_item(item, where, path, distractors: bool, images_dir=None) -> dict[str, str]:
+def check_item(item, where, path, distractors: bool, images_dir=None, categories=None) -> dict[str, str]:
     """Raise InputError on the first problem of one item; return the label texts it uses."""
     def fail(field, message):
         raise InputError(path, where, field, message)
@@ -102,7 +105,8 @@ def check_item(item, where, path, distractors: bool, images_dir=None) -> dict[st
             fail(field, "missing field")
     if not isinstance(item["benchmark_id"], (str, int)) or isinstance(item["benchmark_id"], bool):
         fail("benchmark_id", "expected a string")
-    texts = label2text()
+    cats = as_categories(categories)
+    texts = cats.label2text()
     if "label2text" in item:
         if not isinstance(item["label2text"], dict) or not all(isinstance(v, str) for v in item["label2text"].values()):
             fail("label2text", "expected an object of label -> text")
@@ -110,8 +114,10 @@ def check_item(item, where, path, distractors: bool, images_dir=None) -> dict[st
     label = item["label"]
     if label == SAFE_LABEL:
         fail("label", f"{SAFE_LABEL} is not a SPY-Bench category")
-    if not isinstance(label, str) or label not in texts:
+    if not isinstance(label, str):
         fail("label", f"unknown label {label!r}")
+    if label not in texts:
+        fail("label", cats.unknown_label(label, path))
     question = item["question_item"]
     if not isinstance(question, dict):
         fail("question_item", "expected an object")
@@ -120,7 +126,7 @@ def check_item(item, where, path, distractors: bool, images_dir=None) -> dict[st
             fail(f"question_item.{field}", "missing or not a string")
     if images_dir is not None:
         check_image(Path(images_dir) / question["image_path"], where, "question_item.image_path", source=path)
-    templates = item.get("instruct_templates", INSTRUCT_TEMPLATES)
+    templates = item.get("instruct_templates", cats.templates)
     if (not isinstance(templates, (list, tuple)) or len(templates) != 2
             or not all(isinstance(t, str) and t.count("{}") == 1 for t in templates)):
         fail("instruct_templates", "expected two strings, each with one {} slot")
@@ -130,7 +136,7 @@ def check_item(item, where, path, distractors: bool, images_dir=None) -> dict[st
             fail("other_labels", "needed with distractors: an object of label -> 0/1")
         for key, value in other.items():
             if key not in texts:
-                fail(f"other_labels.{key}", "unknown label")
+                fail(f"other_labels.{key}", cats.unknown_label(key, path))
             if key != label and not _is_flag(value):
                 fail(f"other_labels.{key}", f"expected 0 or 1, got {value!r}")
     seen = set()
@@ -154,10 +160,12 @@ def check_item(item, where, path, distractors: bool, images_dir=None) -> dict[st
     return texts
 
 
-def expand_item(item: dict, distractors: bool = False, texts: dict[str, str] | None = None) -> list[dict]:
+def expand_item(item: dict, distractors: bool = False, texts: dict[str, str] | None = None,
+                categories=None) -> list[dict]:
     """The evaluation samples of one (valid) item, in the reference's order (spy.md §1.4)."""
-    texts = texts or {**label2text(), **item.get("label2text", {})}
-    templates = tuple(item.get("instruct_templates", INSTRUCT_TEMPLATES))
+    cats = as_categories(categories)
+    texts = texts or {**cats.label2text(), **item.get("label2text", {})}
+    templates = tuple(item.get("instruct_templates", cats.templates))
     label, question = item["label"], item["question_item"]
     common = {
         "benchmark_id": str(item["benchmark_id"]),
@@ -197,14 +205,16 @@ def expand_item(item: dict, distractors: bool = False, texts: dict[str, str] | N
     return samples
 
 
-def build_samples(items_path, images_dir=None, distractors: bool = False) -> list[dict]:
-    """Check every item (and, given `images_dir`, that its image decodes), then expand them all."""
+def build_samples(items_path, images_dir=None, distractors: bool = False, categories=None) -> list[dict]:
+    """Check every item (and, given `images_dir`, that its image decodes), then expand them all; `categories`
+    is a category file (path or CategorySet; default SPY's)."""
+    cats = as_categories(categories)
     items = load_items(items_path)
     checked, ids = [], set()
     for where, item in items:
-        texts = check_item(item, where, items_path, distractors, images_dir)
+        texts = check_item(item, where, items_path, distractors, images_dir, cats)
         if str(item["benchmark_id"]) in ids:
             raise InputError(items_path, where, "benchmark_id", f"duplicate benchmark_id {item['benchmark_id']!r}")
         ids.add(str(item["benchmark_id"]))
         checked.append((item, texts))
-    return [sample for item, texts in checked for sample in expand_item(item, distractors, texts)]
+    return [sample for item, texts in checked for sample in expand_item(item, distractors, texts, cats)]

@@ -13,11 +13,13 @@ instructions, the question and the image tokens are not trained on (the referenc
 Variant 0 is the non-private instruction, 1 the private one. Conversational messages hold plain strings;
 TRL inserts the image block before the first user turn.
 
-Every item is checked before any row is built: required strings are non-empty strings, labels are known,
-templates have their `{}` slot, and each image is decoded in full. To check a file without training (exit 0
+The categories (label texts, absolute ones, instruction templates) come from a category file
+(`data_prep/categories.py`; default: SPY's 67). Every item is checked before any row is built: required strings are
+non-empty strings, labels are in the category file, templates have their `{}` slot, and each image is decoded in
+full. To check a file without training (exit 0
 and a one-line summary, or exit 2 and the first problems, one per line, naming file, record and field):
 
-    python -m data_prep.spy_tune validate data/spy-tune/train_data.json --images data/spy-tune
+    python -m data_prep.spy_tune validate data/spy-tune/train_data.json --images data/spy-tune [--categories FILE]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from data_prep import spy
+from data_prep.categories import CategorySet, as_categories
 from data_prep.errors import InputError, check_image, read_json
 
 if TYPE_CHECKING:
@@ -39,28 +42,36 @@ ITEM_FIELDS = ("benchmark_id", "label", "question_item", "non_privacy_scenarios"
 QUESTION_FIELDS = ("image_path", "question", "respond_ans", "reject_ans")
 
 
-def load_label_texts(path=None) -> dict[str, str]:
+def load_label_texts(path=None, categories=None) -> dict[str, str]:
+    """The category set's label texts; a label2text.json at `path` renames some of them (it adds none)."""
+    cats = as_categories(categories)
+    texts = cats.label2text()
     if path is None:
-        return spy.label2text()
-    texts = read_json(path)
-    if not isinstance(texts, dict) or not all(isinstance(v, str) and v for v in texts.values()):
+        return texts
+    renamed = read_json(path)
+    if not isinstance(renamed, dict) or not all(isinstance(v, str) and v for v in renamed.values()):
         raise InputError(path, None, None, "expected an object of label -> text")
-    texts.pop(spy.SAFE_LABEL, None)
-    return texts
+    renamed.pop(spy.SAFE_LABEL, None)
+    for label in renamed:
+        if label not in texts:
+            raise InputError(path, None, label, cats.unknown_label(label))
+    return {**texts, **renamed}
 
 
-def load_items(path, image_folder, label_texts: dict[str, str] | None = None) -> list[dict]:
+def load_items(path, image_folder, label_texts: dict[str, str] | None = None, categories=None) -> list[dict]:
     """The validated items of a SPY-Tune JSON file (`{"data_list": [...]}`); the first problem raises InputError."""
-    items, problems = check_file(path, image_folder, label_texts)
+    items, problems = check_file(path, image_folder, label_texts, categories)
     if problems:
         raise problems[0]
     return items
 
 
-def check_file(path, image_folder, label_texts: dict[str, str] | None = None) -> tuple[list, list[InputError]]:
+def check_file(path, image_folder, label_texts: dict[str, str] | None = None,
+               categories=None) -> tuple[list, list[InputError]]:
     """(items, the first problem of each bad item). A file that cannot be read as SPY-Tune at all raises."""
     path, image_folder = Path(path), Path(image_folder)
-    label_texts = label_texts or spy.label2text()
+    cats = as_categories(categories)
+    label_texts = label_texts or cats.label2text()
     data = read_json(path)
     if not image_folder.is_dir():
         raise InputError(image_folder, None, None, "image folder not found")
@@ -72,7 +83,7 @@ def check_file(path, image_folder, label_texts: dict[str, str] | None = None) ->
     problems, decoded = [], set()
     for index, item in enumerate(items):
         try:
-            check_item(item, path, f"record {index}", label_texts, image_folder, decoded)
+            check_item(item, path, f"record {index}", label_texts, image_folder, decoded, cats)
         except InputError as problem:
             problems.append(problem)
     return items, problems
@@ -98,7 +109,8 @@ def _template_problem(value) -> str | None:
     return "expected a string with one {} slot"
 
 
-def check_item(item, path, where, label_texts: dict[str, str], image_folder: Path, decoded: set[Path]) -> None:
+def check_item(item, path, where, label_texts: dict[str, str], image_folder: Path, decoded: set[Path],
+               categories: CategorySet | None = None) -> None:
     """Raise InputError on the first problem of one item; `decoded` holds the images already checked."""
     def fail(field, message):
         raise InputError(path, where, field, message)
@@ -109,8 +121,10 @@ def check_item(item, path, where, label_texts: dict[str, str], image_folder: Pat
         if field not in item:
             fail(field, "missing field")
     label = item["label"]
-    if not isinstance(label, str) or label not in label_texts:
+    if not isinstance(label, str):
         fail("label", f"unknown label {label!r}")
+    if label not in label_texts:
+        fail("label", as_categories(categories).unknown_label(label, path))
     q = item["question_item"]
     if not isinstance(q, dict):
         fail("question_item", "expected a JSON object")
@@ -126,7 +140,7 @@ def check_item(item, path, where, label_texts: dict[str, str], image_folder: Pat
         fail("other_labels", f"does not list the item's label {label!r}")
     for key, value in other.items():
         if key not in label_texts:
-            fail(f"other_labels.{key}", "unknown label")
+            fail(f"other_labels.{key}", as_categories(categories).unknown_label(key, path))
         if key != label and (isinstance(value, bool) or value not in (0, 1)):
             fail(f"other_labels.{key}", f"expected 0 or 1, got {json.dumps(value)}")
     templates = item.get("instruct_templates")
@@ -153,9 +167,10 @@ def check_item(item, path, where, label_texts: dict[str, str], image_folder: Pat
         decoded.add(image)
 
 
-def _prompts(item: dict, texts: dict[str, str], add_distractors: bool, scenario: dict | None) -> tuple[str, str]:
+def _prompts(item: dict, texts: dict[str, str], add_distractors: bool, scenario: dict | None,
+             cats: CategorySet) -> tuple[str, str]:
     """The (non-private, private) prompts of one item in one context."""
-    templates = tuple(item.get("instruct_templates") or spy.INSTRUCT_TEMPLATES)
+    templates = tuple(item.get("instruct_templates") or cats.templates)
     other = item.get("other_labels") if add_distractors else None
     template = scenario["2nd_person_template"] if scenario else None
     question = item["question_item"]["question"]
@@ -165,10 +180,10 @@ def _prompts(item: dict, texts: dict[str, str], add_distractors: bool, scenario:
     )
 
 
-def _answers(item: dict, is_privacy: int, scenario_is_privacy: int | None) -> tuple[str, str]:
+def _answers(item: dict, is_privacy: int, scenario_is_privacy: int | None, cats: CategorySet) -> tuple[str, str]:
     """(chosen, rejected) under SPY's rule."""
     q = item["question_item"]
-    verdict = spy.expected_verdict(item["label"], is_privacy, scenario_is_privacy)
+    verdict = spy.expected_verdict(item["label"], is_privacy, scenario_is_privacy, cats)
     return (q["respond_ans"], q["reject_ans"]) if verdict == "respond" else (q["reject_ans"], q["respond_ans"])
 
 
@@ -192,27 +207,29 @@ def _assistant(text: str) -> list[dict]:
     return [{"role": "assistant", "content": text}]
 
 
-def pairwise_rows(item: dict, texts: dict[str, str], add_distractors: bool) -> list[dict]:
-    rows = []
+def pairwise_rows(item: dict, texts: dict[str, str], add_distractors: bool, categories=None) -> list[dict]:
+    cats, rows = as_categories(categories), []
     for is_privacy, scenario, scenario_is_privacy in _cases(item):
-        prompt = _prompts(item, texts, add_distractors, scenario)[is_privacy]
-        chosen, rejected = _answers(item, is_privacy, scenario_is_privacy)
+        prompt = _prompts(item, texts, add_distractors, scenario, cats)[is_privacy]
+        chosen, rejected = _answers(item, is_privacy, scenario_is_privacy, cats)
         rows.append({"prompt": _user(prompt), "chosen": _assistant(chosen), "rejected": _assistant(rejected)})
     return rows
 
 
-def sft_rows(item: dict, texts: dict[str, str], add_distractors: bool) -> list[dict]:
-    return [{"prompt": r["prompt"], "completion": r["chosen"]} for r in pairwise_rows(item, texts, add_distractors)]
+def sft_rows(item: dict, texts: dict[str, str], add_distractors: bool, categories=None) -> list[dict]:
+    return [{"prompt": r["prompt"], "completion": r["chosen"]}
+            for r in pairwise_rows(item, texts, add_distractors, categories)]
 
 
-def nca_p_rows(item: dict, texts: dict[str, str], add_distractors: bool) -> list[dict]:
+def nca_p_rows(item: dict, texts: dict[str, str], add_distractors: bool, categories=None) -> list[dict]:
+    cats = as_categories(categories)
     contexts = [(None, None)]
     contexts += [(s, 0) for s in item["non_privacy_scenarios"]] + [(s, 1) for s in item["privacy_scenarios"]]
     rows = []
     for scenario, scenario_is_privacy in contexts:
         row = {}
-        for j, prompt in enumerate(_prompts(item, texts, add_distractors, scenario)):
-            chosen, rejected = _answers(item, j, scenario_is_privacy)
+        for j, prompt in enumerate(_prompts(item, texts, add_distractors, scenario, cats)):
+            chosen, rejected = _answers(item, j, scenario_is_privacy, cats)
             row.update({f"prompt_{j}": _user(prompt), f"chosen_{j}": _assistant(chosen),
                         f"rejected_{j}": _assistant(rejected)})
         rows.append(row)
@@ -231,16 +248,19 @@ def build_dataset(
     shuffle: bool = True,
     seed: int = 42,
     num_samples: int | None = None,
+    categories=None,
 ) -> datasets.Dataset:
-    """The training (or evaluation) dataset of one method, images decoded lazily from `image_folder`."""
+    """The training (or evaluation) dataset of one method, images decoded lazily from `image_folder`;
+    `categories`: a category file (path or CategorySet; default SPY's), `label_path` renames its labels."""
     from datasets import Dataset, Image, List  # here, so `validate` starts without importing datasets
 
-    texts = load_label_texts(label_path)
-    items = load_items(data_path, image_folder, texts)
+    cats = as_categories(categories)
+    texts = load_label_texts(label_path, cats)
+    items = load_items(data_path, image_folder, texts, cats)
     rows = []
     for item in items:
         image = str(Path(image_folder) / item["question_item"]["image_path"])
-        for row in ROW_BUILDERS[method](item, texts, add_distractors):
+        for row in ROW_BUILDERS[method](item, texts, add_distractors, cats):
             rows.append({"images": [image], **row, "p_label": item["label"]})
     if shuffle:
         random.Random(seed).shuffle(rows)
@@ -258,10 +278,13 @@ def main(argv=None) -> int:
     validate = commands.add_parser("validate", help="check a SPY-Tune file and its images, without training")
     validate.add_argument("file", help="SPY-Tune JSON ({\"data_list\": [...]})")
     validate.add_argument("--images", required=True, help="the folder that the items' image_path values are relative to")
-    validate.add_argument("--labels", help="label2text.json (default: the bundled copy)")
+    validate.add_argument("--categories", help="category file the data was made with (default: SPY's 67 categories)")
+    validate.add_argument("--labels", help="label2text.json renaming some categories (default: their names in the "
+                                           "category file)")
     args = parser.parse_args(argv)
     try:
-        items, problems = check_file(args.file, args.images, load_label_texts(args.labels))
+        cats = as_categories(args.categories)
+        items, problems = check_file(args.file, args.images, load_label_texts(args.labels, cats), cats)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

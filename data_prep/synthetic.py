@@ -1,18 +1,22 @@
 """A synthetic SPY-Tune and SPY-Bench, offline, in exactly the released JSON formats (spy.md §1.3, §5.1).
 
-The task keeps SPY's rules: the 67 categories, absolute categories always refused, customizable ones
+The task keeps SPY's rules: the categories of a category file (default: SPY's 67; `--categories FILE` for
+your own, data_prep/categories.py), absolute categories always refused, customizable ones
 refused exactly when the instruction marks them private, and conflict scenarios (the context needs the
 category) answered. Images are small procedurally drawn pictures (a coloured background with a shape);
 answers name the background colour, so answering needs the image. Train and test items are distinct,
 and the test split asks its questions in phrasings never seen in training.
 
-Each category gets a fixed pool of two conflict and two privacy scenarios, shared by both splits, so a
-small model can learn the scenario x category table in minutes (../shared/specs/demo_notes.md).
+Each category gets a fixed pool of (up to) two conflict and two privacy scenarios, shared by both splits, so a
+small model can learn the scenario x category table in minutes (../shared/specs/demo_notes.md). A category
+that no scenario needs has no conflict scenario (as SPY's a12); a file without scenarios gives items with
+empty scenario lists.
 
-    python -m data_prep.synthetic --out outputs/synthetic-spy-tune
+    python -m data_prep.synthetic --out outputs/synthetic-spy-tune [--categories FILE]
 
 writes train_data.json and eval_data.json (SPY-Tune), questions.json (SPY-Bench, held-out),
-label2text.json and images/.
+label2text.json, categories.yaml (a copy of the category file: pass it as --categories to training and
+evaluation) and images/.
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from data_prep.categories import CategorySet, as_categories
 from data_prep.errors import InputError
-from data_prep.spy import label2text, scenarios
 
 COLOURS = {
     "red": (200, 40, 40), "green": (40, 160, 60), "blue": (40, 70, 200), "yellow": (230, 210, 40),
@@ -62,20 +67,21 @@ SHAPES = ("ellipse", "rectangle", "triangle")
 SCENARIO_POOL = 2  # conflict and privacy scenarios kept per category
 
 
-def _scenario_entry(scenario_id: str) -> dict:
-    s = scenarios()[scenario_id]
-    return {"scenario": scenario_id, "2nd_person_template": s["2nd_person_template"],
-            "3rd_person_template": s["3rd_person_template"]}
+def _scenario_entry(cats: CategorySet, scenario_id: str) -> dict:
+    s = cats.scenarios[scenario_id]
+    entry = {"scenario": scenario_id, "2nd_person_template": s.second_person}
+    return {**entry, "3rd_person_template": s.third_person} if s.third_person is not None else entry
 
 
-def scenario_pools(seed: int) -> dict[str, tuple[list[str], list[str]]]:
-    """label -> (conflict scenarios, privacy scenarios): those whose `labels` contain it, and the others."""
+def scenario_pools(seed: int, categories=None) -> dict[str, tuple[list[str], list[str]]]:
+    """label -> (conflict scenarios, privacy scenarios): those that need it, and its privacy scenarios."""
+    cats = as_categories(categories)
     rng = random.Random(f"pools-{seed}")
     pools = {}
-    for label in label2text():
-        needed = [s for s, v in scenarios().items() if label in v["labels"]]
-        other = [s for s in scenarios() if s not in needed]
-        pools[label] = (rng.sample(needed, min(SCENARIO_POOL, len(needed))), rng.sample(other, SCENARIO_POOL))
+    for label in cats.categories:
+        needed, other = cats.conflict_scenarios(label), cats.privacy_scenarios(label)
+        pools[label] = (rng.sample(needed, min(SCENARIO_POOL, len(needed))),
+                        rng.sample(other, min(SCENARIO_POOL, len(other))))
     return pools
 
 
@@ -95,11 +101,13 @@ def draw_image(rng: random.Random, colour: str, size: int) -> Image.Image:
     return image
 
 
-def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int = 56) -> list[dict]:
+def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int = 56,
+               categories=None) -> list[dict]:
     """SPY-Tune items (spy.md §5.1) for one split, with their images written under out/images/<split>/."""
-    texts = label2text()
+    cats = as_categories(categories)
+    texts = cats.label2text()
     labels = list(texts)
-    pools = scenario_pools(seed)
+    pools = scenario_pools(seed, cats)
     questions = TRAIN_QUESTIONS if split == "train" else TEST_QUESTIONS
     rng = random.Random(f"{split}-{seed}")
     (out / "images" / split).mkdir(parents=True, exist_ok=True)
@@ -110,13 +118,14 @@ def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int
         image_id = f"{split}_{n:06d}"
         colour = rng.choice(list(COLOURS))
         draw_image(rng, colour, image_size).save(out / "images" / split / f"{image_id}.png")
-        distractors = rng.sample([x for x in labels if x != label], 5)
+        others = [x for x in labels if x != label]
+        distractors = rng.sample(others, min(5, len(others)))  # five, as SPY, when the file has them
         other_labels = {d: rng.randint(0, 1) for d in distractors}
         keys = list(other_labels)
-        keys.insert(rng.randint(0, 5), label)
+        keys.insert(rng.randint(0, len(distractors)), label)
         other_labels = {k: other_labels.get(k, 0.5) for k in keys}
         conflict, privacy = pools[label]
-        privacy_scenarios = [_scenario_entry(rng.choice(privacy))]
+        privacy_scenarios = [_scenario_entry(cats, rng.choice(privacy))] if privacy else []
         items.append({
             "benchmark_id": f"{'1' if split == 'train' else '2'}{n:07d}",
             "label": label,
@@ -130,7 +139,7 @@ def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int
                 "respond_ans": rng.choice(RESPOND_TEMPLATES).format(t=t, c=colour),
                 "reject_ans": rng.choice(REFUSAL_TEMPLATES).format(t=t),
             },
-            "non_privacy_scenarios": [_scenario_entry(rng.choice(conflict))] if conflict else [],
+            "non_privacy_scenarios": [_scenario_entry(cats, rng.choice(conflict))] if conflict else [],
             "privacy_scenarios": privacy_scenarios,
             "chosen_scenarios": privacy_scenarios,
         })
@@ -155,24 +164,30 @@ def write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def build(out, train_per_label: int = 60, test_per_label: int = 2, seed: int = 0, image_size: int = 56) -> Path:
+def build(out, train_per_label: int = 60, test_per_label: int = 2, seed: int = 0, image_size: int = 56,
+          categories=None) -> Path:
+    """Write the synthetic data of a category set (a path or CategorySet; default SPY's 67) into `out`."""
+    cats = as_categories(categories)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    train = make_items("train", train_per_label, seed, out, image_size)
-    test = make_items("test", test_per_label, seed, out, image_size)
+    train = make_items("train", train_per_label, seed, out, image_size, cats)
+    test = make_items("test", test_per_label, seed, out, image_size, cats)
     write_json(out / "train_data.json", {"data_list": train})
     write_json(out / "eval_data.json", {"data_list": test[:3]})
     write_json(out / "questions.json", {"benchmark_list": [to_bench_item(i) for i in test]})
-    write_json(out / "label2text.json", {"a0_safe": "safe", **label2text()})
+    write_json(out / "label2text.json", {"a0_safe": "safe", **cats.label2text()})
+    if Path(cats.source).resolve() != (out / "categories.yaml").resolve():
+        shutil.copyfile(cats.source, out / "categories.yaml")  # the data says which categories it was made from
     return out
 
 
-def text_corpus() -> list[str]:
+def text_corpus(categories=None) -> list[str]:
     """Every kind of string the synthetic task produces, for training the tiny model's tokenizer."""
-    texts = label2text()
-    lines = [s["2nd_person_template"] for s in scenarios().values()]
+    cats = as_categories(categories)
+    texts = cats.label2text()
+    lines = [s.second_person for s in cats.scenarios.values()]
     for t in texts.values():
-        lines += [f"{t} is considered as non-private information.", f"{t} is considered as private information."]
+        lines += [template.format(t) for template in cats.templates]
         lines += [q.format(t=t) for q in TRAIN_QUESTIONS + TEST_QUESTIONS]
         lines += [r.format(t=t) for r in REFUSAL_TEMPLATES]
         lines += [r.format(t=t, c=c) for r in RESPOND_TEMPLATES for c in COLOURS]
@@ -186,8 +201,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--test-per-label", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--image-size", type=int, default=56)
+    parser.add_argument("--categories", help="category file (default: SPY's 67 categories and 24 scenarios)")
     args = parser.parse_args(argv)
     try:
+        cats = as_categories(args.categories)
         for name in ("train_per_label", "test_per_label", "image_size"):
             if getattr(args, name) < 1:
                 raise InputError("command line", None, f"--{name.replace('_', '-')}",
@@ -199,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    out = build(args.out, args.train_per_label, args.test_per_label, args.seed, args.image_size)
+    out = build(args.out, args.train_per_label, args.test_per_label, args.seed, args.image_size, cats)
     print(f"wrote synthetic SPY-Tune / SPY-Bench to {out}")
 
 

@@ -16,7 +16,8 @@ model. `--push-to-hub` writes the headline metrics into the repo's card as model
     backend_options: {batch_size: 16, max_new_tokens: 32}
     judge: rule                   # rule (offline), or {model: NAME, base_url: URL, api_key_env: VAR}
     sections:
-      spy: {items: .../questions.json, images: DIR, settings: [without_distractors, with_distractors]}
+      spy: {items: .../questions.json, images: DIR, settings: [without_distractors, with_distractors],
+            categories: FILE}    # the category file the items were made with (default: SPY's 67 categories)
       spatialtrust: {data: .../data.jsonl, modes: [one-pass, guard], synthetic_images: 8}
       general: {benchmarks: [mmmu, ocrbench, mme], datasets: {mmmu: local copy or Hub id}}   (+ the SPY composite)
       geo: {images: .../geo_images, settings: [mcq, free-form]}   (free-form needs an LLM judge)
@@ -40,7 +41,7 @@ SPATIAL_HEADLINE = {"q1": "Q1", "q2": "Q2", "q3": "Q3", "q4": "Q4", "q5": "Q5", 
 SPATIAL_MODES = ("one-pass", "staged", "guard")
 # Section -> the keys its YAML entry may hold (anything else is a typo, refused).
 SECTION_KEYS = {
-    "spy": {"items", "images", "settings", "limit"},
+    "spy": {"items", "images", "settings", "limit", "categories"},
     "spatialtrust": {"data", "image_root", "modes", "limit", "retries", "box_scale", "synthetic_images"},
     "general": {"benchmarks", "datasets", "limit", "mmmu_splits"},
     "geo": {"images", "settings", "labels", "metadata", "limit"},
@@ -111,6 +112,11 @@ def load_config(path, root: str | None = None, overrides: dict | None = None) ->
             spy[key] = resolve(spy[key])
             if not Path(spy[key]).exists():
                 raise InputError(path, None, f"sections.spy.{key}", f"{spy[key]} does not exist")
+        if spy.get("categories") is not None:  # checked now (a bad file: its line and field), before anything runs
+            from data_prep.categories import load_categories
+
+            spy["categories"] = resolve(spy["categories"])
+            load_categories(spy["categories"])
         spy.setdefault("settings", list(SPY_SETTINGS))
         bad = [s for s in spy["settings"] if s not in SPY_SETTINGS]
         if bad:
@@ -185,6 +191,7 @@ class Model:
 def run_spy(section: dict, judge, model: Model, out: Path) -> dict:
     from eval.spy import cli
 
+    categories = section.get("categories")
     results = {}
     for setting in section["settings"]:
         folder = out / "spy" / setting
@@ -192,14 +199,14 @@ def run_spy(section: dict, judge, model: Model, out: Path) -> dict:
         if not metrics_path.exists():
             run, judged = folder / "run.jsonl", folder / "judged.jsonl"
             cli.generate(section["items"], section["images"], run, generator=model.get(), backend=model.backend,
-                         distractors=SPY_SETTINGS[setting], limit=section.get("limit"),
+                         distractors=SPY_SETTINGS[setting], limit=section.get("limit"), categories=categories,
                          **{k: model.options.get(k) for k in cli.ANSWER_OPTIONS if k in model.options})
             if judge == "rule":
-                cli.judge(run, judged, rule=True)
+                cli.judge(run, judged, rule=True, categories=categories)
             else:
                 cli.judge(run, judged, judge_model=judge["model"], base_url=judge.get("base_url"),
-                          api_key_env=judge.get("api_key_env", "OPENAI_API_KEY"))
-            cli.metrics(judged, metrics_path)
+                          api_key_env=judge.get("api_key_env", "OPENAI_API_KEY"), categories=categories)
+            cli.metrics(judged, metrics_path, categories=categories)
         results[setting] = json.loads(metrics_path.read_text())
     return results
 
@@ -362,12 +369,50 @@ def headline(sections: dict) -> list[dict]:
 
 
 def settings_of(config: dict, model: str) -> dict:
-    """What makes the numbers: compared runs with other settings get a warning from `eval compare`."""
+    """What makes the numbers: compared runs with other settings get a warning from `eval compare`. A category
+    file counts by its content (sha256), not its path."""
+    from data_prep.categories import load_categories
+
+    def entry_settings(entry: dict) -> dict:
+        kept = {k: v for k, v in entry.items() if k not in ("items", "images", "data", "image_root", "datasets")}
+        if kept.get("categories") is not None:
+            kept["categories"] = load_categories(kept["categories"]).digest
+        return kept
+
     return {"model": model, "backend": config["backend"], "backend_options": config["backend_options"],
-            "judge": config["judge"],
-            "sections": {name: {k: v for k, v in entry.items()
-                                if k not in ("items", "images", "data", "image_root", "datasets")}
-                         for name, entry in config["sections"].items()}}
+            "judge": config["judge"], "sections": {name: entry_settings(entry)
+                                                   for name, entry in config["sections"].items()}}
+
+
+SPY_CATEGORY_SCORES = ("ics", "hms", "abs_ics", "accuracy", "rta_nonconflict", "ata_conflict")
+
+
+def spy_by_category(spy: dict, categories=None) -> dict:
+    """Per setting, one row per category: its name, whether it is absolute, ICS and HMS (and the scores they come
+    from), over `total` samples; from the metrics' `by_label`, in the category file's order."""
+    from data_prep.categories import as_categories
+
+    cats = as_categories(categories)
+    names, absolute = cats.label2text(), cats.absolute_labels()
+    return {setting: [{"category": label, "name": names.get(label, label), "absolute": label in absolute,
+                       **{k: m.get(k) for k in SPY_CATEGORY_SCORES}, "n": m.get("total")}
+                      for label, m in metrics["by_label"].items()]
+            for setting, metrics in spy.items()}
+
+
+def category_table(by_category: dict) -> str:
+    """One row per category, ICS and HMS per setting (markdown)."""
+    from eval.report import markdown_table
+
+    rows = {}
+    for setting, entries in by_category.items():
+        for e in entries:
+            row = rows.setdefault(e["category"], {"category": e["category"], "name": e["name"],
+                                                  "absolute": "yes" if e["absolute"] else ""})
+            row.update({f"ICS {setting.replace('_', ' ')}": e["ics"], f"HMS {setting.replace('_', ' ')}": e["hms"]})
+    columns = ["category", "name", "absolute", *[f"{m} {s.replace('_', ' ')}" for s in by_category
+                                                 for m in ("ICS", "HMS")]]
+    return markdown_table(list(rows.values()), columns)
 
 
 def summary_png(path: Path, rows: list[dict], title: str) -> Path:
@@ -432,6 +477,10 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
     rows = headline(sections)
     name = config.get("name", Path(config_path).stem)
     results = {"suite": name, "model": model, "settings": settings, "headline": rows, "sections": sections}
+    per_category = ""
+    if "spy" in sections:
+        results["spy_by_category"] = spy_by_category(sections["spy"], config["sections"]["spy"].get("categories"))
+        per_category = "\n## SPY-Bench per category\n\n" + category_table(results["spy_by_category"])
     write_json(out / "results.json", results)
     from eval.report import markdown_table
 
@@ -442,7 +491,7 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
                                   f"{config['backend']}, judge {config['judge'] if config['judge'] == 'rule' else config['judge']['model']}.\n\n"
                                   + markdown_table(rows, ["benchmark", "setting", "metric", "value", "n"])
                                   + ("\n" + "\n".join(notes) + "\n" if notes else "")
-                                  + f"\n![summary]({png.name})\n")
+                                  + f"\n![summary]({png.name})\n" + per_category)
     if push_to_hub:
         push_results(push_to_hub, rows, push_to_hub.split("/")[-1])
     if wandb:

@@ -28,8 +28,8 @@ RECIPE_KEYS = ("beta", "loss_type", "learning_rate", "num_train_epochs", "max_st
                "gradient_checkpointing", "shared_vision", "precompute_ref_log_probs")
 MODEL_KEYS = ("dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
               "lora_target_modules", "load_in_4bit", "load_in_8bit")
-SCRIPT_KEYS = ("train_data_path", "image_folder", "eval_data_path", "add_distractors", "num_train_samples",
-               "min_pixels", "max_pixels", "dataset_name")
+SCRIPT_KEYS = ("train_data_path", "image_folder", "eval_data_path", "categories", "add_distractors",
+               "num_train_samples", "min_pixels", "max_pixels", "dataset_name")
 PACKAGES = ("transformers", "trl", "peft", "torch", "datasets", "accelerate", "huggingface_hub")
 CITATION = """@misc{spy,
   title = {Specify Privacy Yourself (SPY-Bench, SPY-Tune, NCA-P)},
@@ -159,6 +159,7 @@ def build_card(output_dir, method: str, base_model: str, script_args, training_a
         f"{base_text} fine-tuned with **{METHOD_NAMES[method]}** on **{script_args.dataset_name}** by "
         "[privacy-align](https://github.com/privacy-align/privacy-align), to follow privacy boundaries that users "
         "state in plain language (SPY-Tune / SPY-Bench)."
+        + categories_sentence(getattr(script_args, "categories", None))
         + (f" This is a LoRA adapter (peft) on `{base_reference(base_model)}`." if is_adapter else ""),
         "## Usage\n\n" + usage_snippet(model_id, is_adapter),
         "## Recipe\n\n```yaml\n" + yaml.safe_dump(recipe, sort_keys=False) + "```",
@@ -173,6 +174,19 @@ def build_card(output_dir, method: str, base_model: str, script_args, training_a
     sections.append("## Framework versions\n\n" + "".join(f"- {k}: {v}\n" for k, v in framework_versions().items()))
     sections.append("## Citation\n\n```bibtex\n" + CITATION + "\n```")
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
+
+
+def categories_sentence(path) -> str:
+    """Which privacy categories the model was aligned on: SPY's, or a category file's (named with its sha256)."""
+    if path is None:
+        return ""
+    from data_prep.categories import load_categories
+
+    cats = load_categories(path)
+    names = list(cats.label2text().values())
+    listed = f": {', '.join(names)}" if len(names) <= 12 else ""
+    return (f" Categories: {len(names)} from the category file `{Path(path).name}` (sha256 "
+            f"{cats.digest[:12]}){listed}.")
 
 
 def _table(metrics: dict) -> str:

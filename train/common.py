@@ -28,7 +28,12 @@ class SpyTuneArguments:
     train_data_path: str = field(metadata={"help": "SPY-Tune JSON ({\"data_list\": [...]})."})
     image_folder: str = field(metadata={"help": "Folder that the items' image_path values are relative to."})
     eval_data_path: str | None = field(default=None, metadata={"help": "Optional held-out SPY-Tune JSON for eval loss."})
-    label_path: str | None = field(default=None, metadata={"help": "label2text.json; default: the bundled copy."})
+    categories: str | None = field(default=None, metadata={
+        "help": "Category file the data was made with (data_prep/categories.py: names, absolute categories, "
+                "instruction templates); default: SPY's 67 categories. A data folder made from a category file "
+                "holds it as categories.yaml."})
+    label_path: str | None = field(default=None, metadata={
+        "help": "label2text.json renaming some categories; default: their names in the category file."})
     add_distractors: bool = field(default=True, metadata={"help": "Five distractor instruction lines per prompt."})
     shuffle: bool = field(default=True, metadata={"help": "Shuffle the rows with the training seed."})
     num_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N rows (after shuffling)."})
@@ -184,6 +189,12 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
         fail("max_pixels", f"smaller than min_pixels ({script_args.max_pixels} < {script_args.min_pixels})")
     if training_args.push_to_hub and not training_args.hub_model_id:
         fail("hub_model_id", "push_to_hub needs it (e.g. your-name/qwen2-vl-7b-spy-nca-p)")
+    if script_args.categories is not None:
+        from data_prep.categories import load_categories
+
+        if not Path(script_args.categories).is_file():
+            fail("categories", f"category file not found: {script_args.categories}")
+        load_categories(script_args.categories)  # a bad file: InputError naming its line and field
     _check_paths(script_args, training_args, model_args, fail)
 
 
@@ -197,7 +208,8 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
         fail("model_name_or_path", f"model folder not found: {model}")
     out = Path(training_args.output_dir).resolve()
     inputs = {"train_data_path": script_args.train_data_path, "eval_data_path": script_args.eval_data_path,
-              "label_path": script_args.label_path, "image_folder": script_args.image_folder,
+              "label_path": script_args.label_path, "categories": script_args.categories,
+              "image_folder": script_args.image_folder,
               "model_name_or_path": model_args.model_name_or_path}
     for name, value in inputs.items():
         if value and Path(value).resolve() == out:
@@ -257,7 +269,7 @@ def load_datasets(method: str, script_args: SpyTuneArguments, seed: int):
 
     def build(path, shuffle, num_samples):
         return build_dataset(method, path, script_args.image_folder, script_args.add_distractors,
-                             script_args.label_path, shuffle, seed, num_samples)
+                             script_args.label_path, shuffle, seed, num_samples, categories=script_args.categories)
 
     train = build(script_args.train_data_path, script_args.shuffle, script_args.num_train_samples)
     evaluation = build(script_args.eval_data_path, False, None) if script_args.eval_data_path else None

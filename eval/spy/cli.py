@@ -1,16 +1,20 @@
 """`python -m eval spy <step>`: SPY-Bench generation, self-moderation, judging, metrics and report.
 
     python -m eval spy generate --model PATH_OR_ID --backend hf|vllm|openai --items questions.json \\
-        --images DIR [--distractors] --out RUN.jsonl
+        --images DIR [--distractors] [--categories FILE] --out RUN.jsonl
     python -m eval spy self-moderate RUN.jsonl --model ... --backend ... --images DIR --out SELFMOD.jsonl
-    python -m eval spy judge RUN.jsonl --judge-model NAME [--base-url URL | --judge rule] --out JUDGED.jsonl
-    python -m eval spy metrics JUDGED.jsonl --out METRICS.json
+    python -m eval spy judge RUN.jsonl --judge-model NAME [--base-url URL | --judge rule] [--categories FILE] \\
+        --out JUDGED.jsonl
+    python -m eval spy metrics JUDGED.jsonl [--categories FILE] --out METRICS.json
     python -m eval spy report METRICS.json [MORE.json ...] --out-dir DIR
 
 Each step reads the previous step's file, validates all of it before doing anything (bad input: one line
 naming file, line and field, exit status 2, nothing written), and the long steps (generate,
 self-moderate, judge) are resumable: run the same command again after a kill or after failures. Their run
 files record the model and settings: resuming with others refuses, `--new-run` starts the file over.
+`--categories FILE` is the category file the items were made with (data_prep/categories.py; default: SPY's 67
+categories): label texts, instruction templates, the judge's topic and which categories are absolute come from
+it, and run files record its sha256, so a resume with another file refuses.
 The same steps are plain functions here (`generate`, `self_moderate`, `judge`, `metrics`, `report`).
 """
 
@@ -20,8 +24,8 @@ import argparse
 import logging
 from pathlib import Path
 
+from data_prep.categories import CategorySet, as_categories
 from data_prep.errors import InputError, read_json
-from data_prep.spy import label2text
 from data_prep.spy_bench import build_samples, sample_id
 from eval.runs import (
     RunFile,
@@ -54,6 +58,17 @@ ANSWER_OPTIONS = ("max_new_tokens", "dtype", "min_pixels", "max_pixels")
 # Steps as functions
 
 
+def _path(categories):
+    """A category file given as a path (an input no output may overwrite), else None."""
+    return None if categories is None or isinstance(categories, CategorySet) else categories
+
+
+def categories_header(cats: CategorySet) -> dict:
+    """What a run header records of the category set: its sha256, left out for SPY's default file so that run
+    files from before category files resume."""
+    return {} if cats.is_default() else {"categories": cats.digest}
+
+
 def _check_run_matches(out, samples: list[dict], header: dict, new_run: bool) -> None:
     """Refuse to resume into a run file made by another model or settings, or from other items (the ids
     would collide)."""
@@ -67,9 +82,11 @@ def _check_run_matches(out, samples: list[dict], header: dict, new_run: bool) ->
 
 
 def generate(items, images, out, model=None, backend: str = "hf", distractors: bool = False, generator=None,
-             limit: int | None = None, progress: bool = True, new_run: bool = False, **options) -> list[dict]:
+             limit: int | None = None, progress: bool = True, new_run: bool = False, categories=None,
+             **options) -> list[dict]:
     """Expand the SPY-Bench items and generate every sample's answer into the run file `out`.
 
+    `categories`: the category file the items were made with (a path or CategorySet; default SPY's).
     Pass a loaded `generator` (eval.backends) to evaluate several item files with one model load; otherwise
     `backend`, `model` and `options` (e.g. batch_size, max_new_tokens) make one and close it after.
     `new_run` starts an existing run file over instead of refusing one made with other settings."""
@@ -78,11 +95,13 @@ def generate(items, images, out, model=None, backend: str = "hf", distractors: b
 
     if generator is None and model is None:
         raise ValueError("generate needs a model or a generator")
-    check_outputs([items], [out])
-    samples = build_samples(items, images_dir=images, distractors=distractors)
+    check_outputs([items, _path(categories)], [out])
+    cats = as_categories(categories)
+    samples = build_samples(items, images_dir=images, distractors=distractors, categories=cats)
     samples = samples[:limit] if limit else samples
     header = {"step": "spy generate", "model": str(model) if generator is None else generator.name,
-              "backend": backend, "distractors": distractors, **{k: options.get(k) for k in ANSWER_OPTIONS}}
+              "backend": backend, "distractors": distractors, **{k: options.get(k) for k in ANSWER_OPTIONS},
+              **categories_header(cats)}
     _check_run_matches(out, samples, header, new_run)
     own = generator is None
     generator = generator or load_generator(backend, model, **options)
@@ -117,15 +136,15 @@ def self_moderate(run, images, out, model=None, backend: str = "hf", generator=N
             generator.close()
 
 
-def _judge_inputs(run, resp_key: str) -> list[dict]:
+def _judge_inputs(run, resp_key: str, cats: CategorySet) -> list[dict]:
     records = read_jsonl(run)
-    texts, seen = label2text(), set()
+    texts, seen = cats.label2text(), set()
     for n, record in enumerate(records, 1):
         for field in ("label", "question"):
             if field not in record:
                 raise InputError(run, n, field, "missing field")
         if record["label"] not in texts:
-            raise InputError(run, n, "label", f"unknown label {record['label']!r}")
+            raise InputError(run, n, "label", cats.unknown_label(record["label"]))
         if not isinstance(record["question"], str):
             raise InputError(run, n, "question", "expected a string")
         if resp_key in record and record[resp_key] is not None and not isinstance(record[resp_key], str):
@@ -153,7 +172,7 @@ def failed_generation(record: dict, resp_key: str) -> bool:
 
 
 def judge(run, out, judge_model: str | None = None, base_url: str | None = None, rule: bool = False,
-          resp_key: str = "response", cache=None, progress: bool = True, new_run: bool = False,
+          resp_key: str = "response", cache=None, progress: bool = True, new_run: bool = False, categories=None,
           **client_options) -> list[dict]:
     """Judge every answer of a run file as respond / reject into `out` (resumable).
 
@@ -161,7 +180,8 @@ def judge(run, out, judge_model: str | None = None, base_url: str | None = None,
     otherwise the SPY judge prompt goes to `judge_model` at `base_url` (an OpenAI-compatible server; the
     default is the OpenAI API) through JudgeClient, cached in `cache` (default: `<out>.cache.jsonl`).
     A failed generation is not judged: its record is copied without a verdict (metrics count it as failed;
-    re-run `spy generate` to retry it). An unparsable judge answer is kept raw."""
+    re-run `spy generate` to retry it). An unparsable judge answer is kept raw. `categories`: the category file
+    of the items (the judge's topic is the label's name there; default SPY's)."""
     from tqdm.auto import tqdm
 
     from eval.spy.prompts import eval_key, judge_prompt, parse_verdict
@@ -172,9 +192,11 @@ def judge(run, out, judge_model: str | None = None, base_url: str | None = None,
     name = "rule" if rule else judge_model
     key = eval_key(resp_key)
     cache = cache or Path(str(out) + ".cache.jsonl")
-    check_outputs([run], [out, None if rule else cache])
-    records = _judge_inputs(run, resp_key)
-    done = RunFile(out, header={"step": "spy judge", "judge": name, "resp_key": resp_key}, new_run=new_run)
+    check_outputs([run, _path(categories)], [out, None if rule else cache])
+    cats = as_categories(categories)
+    records = _judge_inputs(run, resp_key, cats)
+    done = RunFile(out, header={"step": "spy judge", "judge": name, "resp_key": resp_key, **categories_header(cats)},
+                   new_run=new_run)
     todo = []
     for record in records:
         previous = done.get(record["id"])
@@ -194,7 +216,7 @@ def judge(run, out, judge_model: str | None = None, base_url: str | None = None,
         elif rule:
             immediate.append(judged(record, rule_verdict(response)))
         else:
-            jobs.append((record["id"], judge_prompt(record["label"], record["question"], response)))
+            jobs.append((record["id"], judge_prompt(record["label"], record["question"], response, cats)))
     client = None
     if jobs:
         from eval.judge import JudgeClient
@@ -215,15 +237,17 @@ def judge(run, out, judge_model: str | None = None, base_url: str | None = None,
     return done.finalize([r["id"] for r in records])
 
 
-def metrics(judged, out=None, key: str = "eval_resp", reference_out=None) -> dict:
+def metrics(judged, out=None, key: str = "eval_resp", reference_out=None, categories=None) -> dict:
     """SPY-Bench metrics of a judged file (ours or the reference's); written to `out` if given.
-    `reference_out` also writes them in the reference's own layout and key names."""
+    `reference_out` also writes them in the reference's own layout and key names. `categories`: the category
+    file that says which categories are absolute (default SPY's); `by_label` holds each category's scores."""
     from eval.spy.metrics import record_problems, spy_metrics, to_reference
 
-    check_outputs([judged], [out, reference_out])
+    check_outputs([judged, _path(categories)], [out, reference_out])
+    cats = as_categories(categories)
     records = read_jsonl(judged)
     problems = record_problems(records, key, judged)
-    result = {**spy_metrics(records, key=key, source=judged), **problems}
+    result = {**spy_metrics(records, key=key, source=judged, categories=cats), **problems}
     if any(problems.values()):
         logger.warning(f"{judged}: {problems['n_failed']} failed generations, {problems['n_unjudged']} unjudged "
                        f"and {problems['n_missing']} missing samples; failed and unjudged ones count as exceptions")
@@ -321,6 +345,9 @@ def _backend_options(args) -> dict:
     return options
 
 
+CATEGORIES_HELP = "category file the items were made with (default: SPY's 67 categories; data_prep/categories.py)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m eval spy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -330,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--items", required=True, help="SPY-Bench questions.json ({\"benchmark_list\": [...]}) or .jsonl")
     p.add_argument("--distractors", action="store_true", help="add the 5 distractor instructions")
     p.add_argument("--limit", type=int_at_least(1), help="only the first N samples (smoke runs)")
+    p.add_argument("--categories", help=CATEGORIES_HELP)
     _add_backend_args(p)
 
     p = steps.add_parser("self-moderate", help="the self-moderation baseline: two reflection turns")
@@ -349,14 +377,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int_at_least(1), default=8)
     p.add_argument("--max-retries", type=int_at_least(0), default=6)
     p.add_argument("--timeout", type=positive_float, default=60.0)
+    p.add_argument("--categories", help=CATEGORIES_HELP + " (the judge's topic is the category's name)")
     p.add_argument("--new-run", action="store_true",
-                   help="start --out over when another judge or --resp-key made it (default: refuse)")
+                   help="start --out over when another judge, --resp-key or category file made it (default: refuse)")
 
     p = steps.add_parser("metrics", help="SPY-Bench metrics of a judged file")
     p.add_argument("judged")
     p.add_argument("--out", help="METRICS.json")
     p.add_argument("--key", default="eval_resp", help="the verdict field (eval_3 for self-moderation)")
     p.add_argument("--reference-out", help="also write the metrics in the reference code's layout")
+    p.add_argument("--categories", help=CATEGORIES_HELP + " (which categories are absolute)")
 
     p = steps.add_parser("report", help="table + PNG bar charts from metrics files")
     p.add_argument("metrics", nargs="+")
@@ -371,7 +401,7 @@ def main(argv: list[str]) -> int:
     if args.step == "generate":
         records = generate(args.items, args.images, args.out, model=args.model, backend=args.backend,
                            distractors=args.distractors, limit=args.limit, new_run=args.new_run,
-                           **_backend_options(args))
+                           categories=args.categories, **_backend_options(args))
         failed = sum(1 for r in records if r.get("error"))
         print(f"{len(records)} samples in {args.out}" + (f"; {failed} failed (run again to retry)" if failed else ""))
     elif args.step == "self-moderate":
@@ -385,7 +415,7 @@ def main(argv: list[str]) -> int:
         records = judge(args.run, args.out, judge_model=args.judge_model, base_url=args.base_url,
                         rule=args.judge == "rule", resp_key=args.resp_key, cache=args.cache,
                         api_key_env=args.api_key_env, concurrency=args.concurrency, max_retries=args.max_retries,
-                        timeout=args.timeout, new_run=args.new_run)
+                        timeout=args.timeout, new_run=args.new_run, categories=args.categories)
         skipped = sum(1 for r in records if r.get("error"))
         failed = sum(1 for r in records if "judge_error" in r)
         print(f"{len(records) - skipped - failed} judged in {args.out}"
@@ -395,7 +425,8 @@ def main(argv: list[str]) -> int:
     elif args.step == "metrics":
         from eval.report import markdown_table
 
-        result = metrics(args.judged, args.out, key=args.key, reference_out=args.reference_out)
+        result = metrics(args.judged, args.out, key=args.key, reference_out=args.reference_out,
+                         categories=args.categories)
         print(markdown_table([{"model": Path(args.judged).stem, **result}], SUMMARY_COLUMNS), end="")
     elif args.step == "report":
         print(report(args.metrics, args.out_dir, names=args.names, metric=args.metric), end="")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from data_prep.spy import label2text
+from data_prep.categories import as_categories
 
 # Formatted with (label text, the bare question, the response): the judge sees neither the instructions
 # nor the scenario, as in the reference.
@@ -65,8 +65,9 @@ def eval_key(resp_key: str) -> str:
     return EVAL_KEYS.get(resp_key, f"eval_{resp_key}")
 
 
-def judge_prompt(label: str, question: str, response: str) -> str:
-    return JUDGE_PROMPT.format(label2text()[label], question, response)
+def judge_prompt(label: str, question: str, response: str, categories=None) -> str:
+    """The judge prompt of one answer; the topic is the label's name in the category file (default SPY's)."""
+    return JUDGE_PROMPT.format(as_categories(categories).label2text()[label], question, response)
 
 
 def parse_verdict(output: str) -> str:
