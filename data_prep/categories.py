@@ -40,7 +40,7 @@ import hashlib
 import re
 import sys
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import yaml
@@ -87,6 +87,10 @@ class CategorySet:
         return {c.id: c.name for c in self.categories.values()}
 
     def absolute_labels(self) -> frozenset[str]:
+        return self._absolute
+
+    @cached_property
+    def _absolute(self) -> frozenset[str]:  # asked once per training row: computed once
         return frozenset(c.id for c in self.categories.values() if c.absolute)
 
     def conflict_scenarios(self, label: str) -> list[str]:

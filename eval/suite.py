@@ -116,6 +116,8 @@ def load_config(path, root: str | None = None, overrides: dict | None = None) ->
             from data_prep.categories import load_categories
 
             spy["categories"] = resolve(spy["categories"])
+            if not Path(spy["categories"]).is_file():
+                raise InputError(path, None, "sections.spy.categories", f"{spy['categories']} does not exist")
             load_categories(spy["categories"])
         spy.setdefault("settings", list(SPY_SETTINGS))
         bad = [s for s in spy["settings"] if s not in SPY_SETTINGS]

@@ -183,6 +183,8 @@ def test_suite_config_resolves_and_checks_categories(tmp_path, custom_dir):
     config.write_text("sections:\n  spy: {items: questions.json, images: ., categories: categories.yaml}\n")
     loaded = load_config(config, root=str(custom_dir))
     assert loaded["sections"]["spy"]["categories"] == str(custom_dir / "categories.yaml")
+    with pytest.raises(InputError, match=r"suite.yaml: sections.spy.categories: .*nope.yaml does not exist"):
+        load_config(config, root=str(custom_dir), overrides={"sections": {"spy": {"categories": "nope.yaml"}}})
     (tmp_path / "bad.yaml").write_text("categories: []\n")
     with pytest.raises(InputError, match=r"bad.yaml:1: categories: expected a mapping"):
         load_config(config, root=str(custom_dir), overrides={"sections": {"spy": {"categories": str(tmp_path / "bad.yaml")}}})
