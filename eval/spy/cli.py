@@ -21,9 +21,7 @@ import logging
 from pathlib import Path
 
 from data_prep.errors import InputError, read_json
-from data_prep.spy import label2text
-from data_prep.spy_bench import build_samples, sample_id
-from eval.runs import (
+from data_prep.runs import (
     RunFile,
     check_outputs,
     int_at_least,
@@ -34,6 +32,8 @@ from eval.runs import (
     write_json,
     write_text,
 )
+from data_prep.spy import label2text
+from data_prep.spy_bench import build_samples, sample_id
 
 logger = logging.getLogger(__name__)
 
