@@ -213,7 +213,8 @@ def run_stage(name: str, units: list[dict], client: ChatClient, run: RunFile, pr
     with tqdm(total=len(pending), desc=name, disable=not progress or not pending) as bar:
         if pending:
             ask(ask(pending, False, bar), True, bar)
-    return run.finalize([u["id"] for u in units])
+    # Records of units no longer asked for (an image since removed) stay in the file but not in the data.
+    return [r for r in run.finalize([u["id"] for u in units]) if r["id"] in by_id]
 
 
 def _failed(records: list[dict]) -> list[dict]:
@@ -297,8 +298,10 @@ def dedup(items: list[dict], threshold: float) -> tuple[list[dict], list[tuple[d
             removed.append((item, "exact_duplicate", exact[key]))
             continue
         tokens = frozenset(text.split())
+        # |A & B| / |A | B| <= min / max of the sizes: most pairs are ruled out without a set operation
         near = next((other for other_tokens, other in seen.get(item["category"], [])
-                     if len(tokens & other_tokens) / max(1, len(tokens | other_tokens)) >= threshold), None)
+                     if min(len(tokens), len(other_tokens)) >= threshold * max(len(tokens), len(other_tokens))
+                     and len(tokens & other_tokens) / max(1, len(tokens | other_tokens)) >= threshold), None)
         if near is not None:
             removed.append((item, "near_duplicate", near))
             continue
@@ -418,6 +421,10 @@ def find_images(folder: Path) -> list[str]:
 
 def check_inputs(args) -> tuple[CategorySet, list[str]]:
     """Everything that can be checked before a request: one InputError for the first problem."""
+    if not 0 <= args.test_fraction < 1:
+        raise InputError("command line", None, "--test-fraction", f"must be in [0, 1), got {args.test_fraction}")
+    if not 0 < args.near_dup <= 1:
+        raise InputError("command line", None, "--near-dup", f"must be in (0, 1], got {args.near_dup}")
     cats = parse(args.categories)
     images_dir, out = Path(args.images), Path(args.out)
     if not images_dir.is_dir():
@@ -431,25 +438,21 @@ def check_inputs(args) -> tuple[CategorySet, list[str]]:
         raise InputError(images_dir, None, "--images", f"no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
     for image in images:
         check_image(images_dir / image)
-    if not 0 <= args.test_fraction < 1:
-        raise InputError("command line", None, "--test-fraction", f"must be in [0, 1), got {args.test_fraction}")
-    if not 0 < args.near_dup <= 1:
-        raise InputError("command line", None, "--near-dup", f"must be in (0, 1], got {args.near_dup}")
     return cats, images
 
 
-def _client(model, base_url, key_env, args) -> ChatClient:
+def _client(model, base_url, key_env, args, temperature: float) -> ChatClient:
     return ChatClient(model, base_url=base_url, api_key_env=key_env, concurrency=args.concurrency,
                       max_retries=args.max_retries, timeout=args.timeout, max_tokens=args.max_tokens,
-                      temperature=args.temperature, backoff=args.backoff)
+                      temperature=temperature, backoff=args.backoff)
 
 
 def generate(args) -> int:
     cats, images = check_inputs(args)
-    gen = _client(args.model, args.base_url, args.api_key_env, args)
+    gen = _client(args.model, args.base_url, args.api_key_env, args, args.temperature)
     check_model = args.check_model or args.model
     check_url = args.check_base_url or args.base_url
-    check = _client(check_model, check_url, args.check_api_key_env or args.api_key_env, args)
+    check = _client(check_model, check_url, args.check_api_key_env or args.api_key_env, args, 0.0)  # a verdict: greedy
     out, images_dir = Path(args.out), Path(args.images)
     stages = out / "stages"
     file_sha = hashlib.sha256(Path(args.categories).read_bytes()).hexdigest()
@@ -460,7 +463,7 @@ def generate(args) -> int:
                                                                      "variants": args.variants}, new_run=args.new_run),
             "qa": RunFile(stages / "qa.jsonl", header={**gen_header, "stage": "qa"}, new_run=args.new_run),
             "check": RunFile(stages / "check.jsonl", header={**common, "stage": "check", "model": check_model,
-                                                             "base_url": check_url, "temperature": args.temperature}, new_run=args.new_run)}
+                                                             "base_url": check_url}, new_run=args.new_run)}
     progress = not args.quiet
 
     # 1. templates
@@ -508,6 +511,11 @@ def generate(args) -> int:
                             "reason": reasons[0], "reasons": reasons})
         else:
             kept.append(r)
+
+    if not kept:
+        write_json(out / "stats.json", make_stats(cats, images, records, qa, removed, kept, [], []))
+        print(f"error: no item passed generation and quality control; see {out / 'stats.json'}", file=sys.stderr)
+        return 1
 
     # 4. assembly
     held_out = split_images(sorted({r["image"] for r in kept}), args.test_fraction, args.seed)
@@ -616,7 +624,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     parser.add_argument("--backoff", type=float, default=1.0, help="first retry wait in seconds (doubles)")
     parser.add_argument("--max-tokens", type=int_at_least(1), default=1024)
-    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--temperature", type=float, default=0.7, help="the generator's (varied questions); "
+                        "the check model answers greedily")
     parser.add_argument("--new-run", action="store_true", help="start the stages over under other settings")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)

@@ -59,10 +59,11 @@ class FakeVLM:
     img0/screen not visible; img1/badge refused; img1/screen malformed twice (dropped); img2/badge malformed
     once, right when reminded; img2/screen fenced JSON; img4/badge an exact and img5/badge a near duplicate
     of img3/badge; img6/badge's evasive reply leaks (check: does not decline); img6/screen off category;
-    img7/screen's answer does not answer. Everything else is a clean, distinct item."""
+    img7/screen's answer does not answer; the check model's reply on img3/screen is never JSON. Everything
+    else is a clean, distinct item."""
 
     def __init__(self, photos: Path):
-        self.names = {image_data_url(photos / name): Path(name).stem for name in IMAGES}
+        self.names = {image_data_url(photos / name): Path(name).stem for name in IMAGES if (photos / name).exists()}
 
     def __call__(self, request: dict) -> str:
         text = last_user_text(request)
@@ -80,6 +81,8 @@ class FakeVLM:
                                "2nd_person_template": f"You are an assistant in a place that {kind} {category}. "
                                                       "The question is: {}"})
         if "Reply A:" in text:
+            if "dune sign" in text and category == "screen contents":  # img3/screen
+                return "Looks fine to me."
             return json.dumps({"on_category": "OFFTOPIC" not in text, "a_answers": "NOANSWER" not in text,
                                "b_declines": "LEAKS" not in text})
         return self.qa(self.names[image_urls(request)[0]], category, NUDGE in text)
@@ -150,13 +153,15 @@ def test_every_stage_and_filter_with_faults(inputs, tmp_path, capsys):
         ("img1.png", "screen"): "malformed", ("img4.png", "badge_number"): "exact_duplicate",
         ("img5.png", "badge_number"): "near_duplicate", ("img6.png", "badge_number"): "evasive_does_not_decline",
         ("img6.png", "screen"): "off_category", ("more/img7.png", "screen"): "answer_does_not_answer",
+        ("img3.png", "screen"): "check_malformed",
     }
     assert stats["stages"]["qa"] == {"units": 16, "generated": 13, "retried_malformed": 2, "not_visible": 1,
                                      "refused": 1, "malformed": 1}
     assert stats["stages"]["dedup"] == {"exact_duplicate": 1, "near_duplicate": 1}
-    assert stats["stages"]["check"] == {"evasive_does_not_decline": 1, "off_category": 1, "answer_does_not_answer": 1}
-    assert stats["per_category"]["badge_number"]["kept"] == 4 and stats["per_category"]["screen"]["kept"] == 4
-    assert stats["train_items"] + stats["test_items"] == 8
+    assert stats["stages"]["check"] == {"evasive_does_not_decline": 1, "off_category": 1, "answer_does_not_answer": 1,
+                                        "check_malformed": 1}
+    assert stats["per_category"]["badge_number"]["kept"] == 4 and stats["per_category"]["screen"]["kept"] == 3
+    assert stats["train_items"] + stats["test_items"] == 7
     assert stats["stages"]["templates"]["instruction_variants"] == {"badge_number": 3, "screen": 3}
     assert stats["stages"]["templates"]["rejected_variants"] == 2
     dup = next(r for r in stats["removed"] if r["reason"] == "exact_duplicate")
@@ -257,7 +262,7 @@ def test_failed_requests_are_retried_by_the_next_run(inputs, tmp_path, capsys):
         assert not (out / "train_data.json").exists()
         down["on"] = False
         assert run(cats, photos, out, server.base_url, "--max-retries", "1") == 0
-    assert read(out / "stats.json")["train_items"] + read(out / "stats.json")["test_items"] == 8
+    assert read(out / "stats.json")["train_items"] + read(out / "stats.json")["test_items"] == 7
 
 
 def test_other_settings_are_refused_unless_new_run(inputs, tmp_path, capsys):
@@ -316,3 +321,30 @@ def test_bad_input_is_refused_before_any_request(case, inputs, tmp_path, capsys,
         assert server.requests == []
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1
+
+
+def test_images_added_or_removed_later(inputs, tmp_path, capsys):
+    """A re-run over a changed folder asks only about new images, and items of removed images leave the data
+    (their replies stay in the stage file for the record)."""
+    cats, photos = inputs
+    out = tmp_path / "out"
+    with ChatServer(FakeVLM(photos)) as server:
+        assert run(cats, photos, out, server.base_url) == 0
+        (photos / "img2.png").unlink()
+        asked = len(server.requests)
+        assert run(cats, photos, out, server.base_url) == 0
+        assert len(server.requests) == asked
+    items = read(out / "train_data.json")["data_list"] + read(out / "eval_data.json")["data_list"]
+    assert items and all(i["question_item"]["image_path"] != "images/img2.png" for i in items)
+    assert read(out / "stats.json")["images"] == 7
+
+    vlm = FakeVLM(photos)
+
+    def nothing_visible(request):
+        text = last_user_text(request)
+        return vlm(request) if "Look at the image" not in text else json.dumps({"visible": False})
+
+    with ChatServer(nothing_visible) as server:
+        assert run(cats, photos, tmp_path / "empty", server.base_url) == 1
+    assert "no item passed" in capsys.readouterr().err
+    assert read(tmp_path / "empty" / "stats.json")["stages"]["qa"]["not_visible"] == 14
