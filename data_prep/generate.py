@@ -14,8 +14,9 @@ Stages (each a resumable run file under OUT/stages/, one line per unit of work):
    a generator that refuses the task is dropped (`refused`); an image without the category is `not_visible`.
 3. quality control: exact duplicates (same category, question and answer after normalising) and near
    duplicates (token-set Jaccard of question + answer >= --near-dup) are removed; then the check model
-   (--check-base-url / --check-model, default the generator) says whether each question is about its category
-   and whether the answering reply answers and the evasive reply declines; failures are removed.
+   (--check-base-url / --check-model, default the generator) reads the question and both replies (text only)
+   and says whether the question is about its category, whether the answering reply answers and whether the
+   evasive reply declines; failures, and check replies that stay malformed, are removed.
    OUT/review.md shows --review random kept items with their images, for a person to read.
 4. assembly: images split by --test-fraction / --seed (no image in both parts) into SPY-Tune train_data.json
    (+ eval_data.json, the held-out part in SPY-Tune form for an eval loss) and SPY-Bench questions.json;
