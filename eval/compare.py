@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from data_prep.errors import InputError, read_json
-from eval.runs import check_outputs, write_json, write_text
+from data_prep.runs import check_outputs, write_json, write_text
 
 
 def load(folder) -> dict:

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from data_prep.errors import InputError
-from eval.runs import nonempty, write_json, write_text
+from data_prep.runs import nonempty, write_json, write_text
 
 SPY_SETTINGS = {"without_distractors": False, "with_distractors": True}
 SPY_HEADLINE = {"ics": "ICS", "hms": "HMS", "rta_nonconflict": "RtA", "ata_nonconflict": "AtA",
@@ -214,7 +214,7 @@ def run_spy(section: dict, judge, model: Model, out: Path) -> dict:
 
 
 def run_spatialtrust(section: dict, judge, model: Model, out: Path) -> dict:
-    from eval.runs import RunFile, write_jsonl
+    from data_prep.runs import RunFile, write_jsonl
     from eval.spatialtrust import data
     from eval.spatialtrust.guard import DEFAULT_RETRIES, check_run_file, generate_predictions, run_header
     from eval.spatialtrust.scoring import compute_metrics
@@ -256,10 +256,10 @@ def run_spatialtrust(section: dict, judge, model: Model, out: Path) -> dict:
 def run_general(section: dict, model: Model, out: Path) -> dict:
     """MMMU / OCRBench / MME through eval.general's steps (images at the model processor's sizes: one model load
     serves every section), each scored with its first profile."""
+    from data_prep.runs import RunFile
     from eval.general import common, mmmu
     from eval.general.cli import BENCHES, read_run
     from eval.general.results import write_score
-    from eval.runs import RunFile
 
     scores = {}
     for name in section["benchmarks"]:

@@ -10,7 +10,7 @@ import json
 
 from chat_server import image_urls, last_user_text
 
-from eval.backends import image_data_url
+from data_prep.chat_client import image_data_url
 from eval.spatialtrust.data import question
 
 

@@ -11,10 +11,10 @@ import pytest
 
 from data_prep.categories import load_categories
 from data_prep.errors import InputError
+from data_prep.runs import read_jsonl, write_jsonl
 from data_prep.spy_bench import build_samples
 from data_prep.synthetic import build, text_corpus
 from eval.__main__ import main as eval_main
-from eval.runs import read_jsonl, write_jsonl
 from eval.spy import cli
 from eval.spy.metrics import spy_metrics
 from eval.spy.prompts import judge_prompt

@@ -22,7 +22,7 @@ def run_demo(out):
 
 
 def test_demo_pipeline_end_to_end(tmp_path):
-    from eval.runs import read_jsonl
+    from data_prep.runs import read_jsonl
     from eval.spy.metrics import spy_metrics
 
     out = tmp_path / "demo"

@@ -73,3 +73,17 @@ def test_a_wandb_recipe_without_wandb_says_which_extra(monkeypatch):
     with pytest.raises(InputError, match=r'report_to: wandb is not installed: pip install -c constraints.txt -e "\.\[wandb\]"'):
         require_extras(SimpleNamespace(report_to=["wandb"]))
     require_extras(SimpleNamespace(report_to=[]))
+
+
+def test_the_ground_floor_imports_neither_eval_nor_train():
+    """data_prep and losses sit below eval and train (README, Repository layout): the data generator shares the
+    run files and the chat client with eval by importing them from data_prep, never the other way round."""
+    import ast
+
+    for folder in ("data_prep", "losses"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                for name in names:
+                    assert name.split(".")[0] not in ("eval", "train"), f"{path}: imports {name}"

@@ -155,8 +155,8 @@ def test_recipes_parse_and_keep_the_papers_image_tokens(recipe, monkeypatch):
 @pytest.mark.parametrize("family", ["qwen3_vl", "gemma3"])
 def test_spy_bench_generation_uses_each_familys_processor(family, tiny_family_dir, synthetic_dir, tmp_path, capsys):
     """`python -m eval spy generate` with the hf backend: the family's template and processor, its pixel bounds."""
+    from data_prep.runs import read_jsonl
     from eval.__main__ import main as eval_main
-    from eval.runs import read_jsonl
 
     directory, out = tiny_family_dir(family), tmp_path / "run.jsonl"
     base = ["spy", "generate", "--items", str(synthetic_dir / "questions.json"), "--images", str(synthetic_dir),

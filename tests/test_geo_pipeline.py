@@ -10,9 +10,9 @@ import pytest
 from chat_server import ChatServer, Flaky, Reply, image_urls, last_user_text
 from PIL import Image
 
-from eval import runs as eval_runs
+from data_prep import runs as data_runs
+from data_prep.chat_client import image_data_url
 from eval.__main__ import main as eval_main
-from eval.backends import image_data_url
 from eval.geoprivacy.judge import judge_run
 from eval.geoprivacy.prompts import PROMPTS, followup_text, free_form_text, mcq_text, system_message
 from eval.judge import JudgeClient
@@ -56,7 +56,7 @@ def geo_cli(*args):
 
 
 def read_jsonl(path):
-    return eval_runs.read_jsonl(path)  # a run file's header line is left out
+    return data_runs.read_jsonl(path)  # a run file's header line is left out
 
 
 # --- generate -------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ def test_levels_prefixes_and_the_current_stderr(capsys, monkeypatch):
     monkeypatch.delenv("PRIVACY_ALIGN_VERBOSITY", raising=False)
     log.setup()
     log.setup()  # idempotent: one handler
-    logger = logging.getLogger("eval.runs")
+    logger = logging.getLogger("data_prep.runs")
     logger.info("wrote it")
     logger.warning("2 samples differ")
     logger.debug("hidden")

@@ -6,8 +6,8 @@ import pytest
 from chat_server import ChatServer
 from spatialtrust_fixtures import Oracle, judge_oracle
 
+from data_prep.runs import read_jsonl
 from eval.__main__ import main
-from eval.runs import read_jsonl
 from eval.spatialtrust import data
 
 NO_KEY = ["--api-key-env", "SPATIALTRUST_TEST_NO_KEY"]

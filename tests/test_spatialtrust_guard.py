@@ -7,8 +7,8 @@ from chat_server import ChatServer, Reply
 from spatialtrust_fixtures import Oracle, final_answer
 
 from data_prep.errors import InputError
+from data_prep.runs import RunFile, read_jsonl
 from eval.backends import load_generator
-from eval.runs import RunFile, read_jsonl
 from eval.spatialtrust import data, guard
 from eval.spatialtrust.data import question
 

@@ -6,8 +6,8 @@ import random
 import pytest
 from chat_server import ChatServer, last_user_text
 
+from data_prep.runs import read_jsonl
 from eval.judge import JudgeClient
-from eval.runs import read_jsonl
 from eval.spatialtrust import data
 from eval.spatialtrust.judge import judge_items, judge_run, parse_judge_verdict
 from eval.spatialtrust.prompts import judge_prompt

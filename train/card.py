@@ -196,7 +196,7 @@ def _table(metrics: dict) -> str:
 
 def save_card(card, folder) -> Path:
     """Write README.md atomically (a reader never sees half a card)."""
-    from eval.runs import write_text
+    from data_prep.runs import write_text
 
     path = Path(folder) / "README.md"
     write_text(path, str(card))
@@ -209,7 +209,7 @@ def fix_adapter_base(folder, base_model: str) -> None:
     if path.exists():
         config = json.loads(path.read_text())
         config["base_model_name_or_path"] = base_reference(base_model)
-        from eval.runs import write_json
+        from data_prep.runs import write_json
 
         write_json(path, config)
 
@@ -280,7 +280,7 @@ def finish(trainer, method: str, script_args, training_args, model_args) -> None
     fix_adapter_base(training_args.output_dir, base)
     save_card(build_card(training_args.output_dir, method, base, script_args, training_args, model_args,
                          trainer.state.log_history), training_args.output_dir)
-    from eval.runs import write_json
+    from data_prep.runs import write_json
 
     write_json(Path(training_args.output_dir) / "train_metrics.json", trainer.state.log_history)
     print(f"saved the {METHOD_NAMES[method]} model, its card and train_metrics.json to {training_args.output_dir} "
@@ -292,7 +292,7 @@ def finish(trainer, method: str, script_args, training_args, model_args) -> None
 def add_card_evaluation(output_dir, title: str, metrics: dict) -> None:
     """Add measured metrics to a saved card as a section above its recipe (a local run without a Hub repo;
     `python -m eval suite --push-to-hub` writes them as model-index instead)."""
-    from eval.runs import write_text
+    from data_prep.runs import write_text
 
     path = Path(output_dir) / "README.md"
     text = path.read_text()

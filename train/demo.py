@@ -192,8 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     train("sft", model_dir, data_dir, out / "sft", args.sft_steps, log, args.train_args)
     train("nca_p", out / "sft", data_dir, out / "nca_p", args.nca_p_steps, log, args.train_args)
 
+    from data_prep.runs import write_json, write_text
     from eval.report import markdown_table
-    from eval.runs import write_json, write_text
     from train.card import add_card_evaluation
 
     checkpoints = {"base": model_dir, "sft": out / "sft", "nca_p": out / "nca_p"}

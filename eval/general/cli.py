@@ -17,8 +17,8 @@ import logging
 from pathlib import Path
 
 from data_prep.errors import InputError
+from data_prep.runs import RunFile, check_outputs, int_at_least, nonempty
 from eval.general import mme, mmmu, ocrbench, results
-from eval.runs import RunFile, check_outputs, int_at_least, nonempty
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def generate(args) -> int:
 
 
 def read_run(bench, path) -> list[dict]:
-    from eval.runs import read_jsonl
+    from data_prep.runs import read_jsonl
 
     records = read_jsonl(path, required=("id", "response", *bench.RUN_FIELDS))
     if not records:

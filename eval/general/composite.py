@@ -17,8 +17,8 @@ import argparse
 from pathlib import Path
 
 from data_prep.errors import InputError
+from data_prep.runs import check_outputs, write_json
 from eval.general.results import BENCHMARKS, NORMALIZER, as_number, find_result, read_json_file, read_result
-from eval.runs import check_outputs, write_json
 
 UNDEFINED = {
     "ics": "the SPY run has no complete no-scenario pair of instructions",

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 from data_prep.errors import InputError, check_image, read_text
+from data_prep.runs import RunFile, check_outputs, int_at_least, nonempty, warn_unequal_counts
 from eval.geoprivacy import data
 from eval.geoprivacy.prompts import MAX_FOLLOWUPS, METHODS, PROMPT_FORMATS
-from eval.runs import RunFile, check_outputs, int_at_least, nonempty, warn_unequal_counts
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def cmd_generate(args, generator=None) -> int:
 # --- judge / coordinates --------------------------------------------------------------------------------------
 
 def _read_run(path, required):
-    from eval.runs import read_jsonl
+    from data_prep.runs import read_jsonl
 
     records = read_jsonl(path, required=required)
     for r in records:

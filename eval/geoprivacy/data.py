@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from data_prep.errors import InputError, read_text
-from eval.runs import read_jsonl
+from data_prep.runs import read_jsonl
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEFAULT_LABELS = ASSETS / "annotation_labels.csv"

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from data_prep.errors import InputError, read_json
-from eval.runs import (
+from data_prep.runs import (
     RunFile,
     check_outputs,
     int_at_least,

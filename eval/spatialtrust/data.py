@@ -21,7 +21,7 @@ import random
 from pathlib import Path
 
 from data_prep.errors import InputError, check_image, read_text
-from eval.runs import read_jsonl, write_jsonl
+from data_prep.runs import read_jsonl, write_jsonl
 
 QIDS = ("q1", "q2", "q3", "q4", "q5")
 CHOICE_QIDS = ("q1", "q2", "q3")

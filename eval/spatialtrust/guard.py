@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 from data_prep.errors import InputError
-from eval.runs import RunFile
+from data_prep.runs import RunFile
 from eval.spatialtrust import prompts
 from eval.spatialtrust.data import (
     CATEGORY,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eval.runs import RunFile
+from data_prep.runs import RunFile
 from eval.spatialtrust.data import FREE_QIDS, question
 from eval.spatialtrust.parsing import extract_json, lookup
 from eval.spatialtrust.prompts import judge_prompt

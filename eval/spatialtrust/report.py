@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from data_prep.runs import write_text
 from eval.report import bar_chart, markdown_table
-from eval.runs import write_text
 from eval.spatialtrust.data import QIDS
 
 COLUMNS = [*QIDS, "overall"]

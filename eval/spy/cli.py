@@ -26,8 +26,7 @@ from pathlib import Path
 
 from data_prep.categories import CategorySet, as_categories
 from data_prep.errors import InputError, read_json
-from data_prep.spy_bench import build_samples, sample_id
-from eval.runs import (
+from data_prep.runs import (
     RunFile,
     check_outputs,
     int_at_least,
@@ -38,6 +37,7 @@ from eval.runs import (
     write_json,
     write_text,
 )
+from data_prep.spy_bench import build_samples, sample_id
 
 logger = logging.getLogger(__name__)
 
