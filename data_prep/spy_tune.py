@@ -219,7 +219,35 @@ def nca_p_rows(item: dict, texts: dict[str, str], add_distractors: bool) -> list
     return rows
 
 
+def helpful_rows(item: dict, texts: dict[str, str], add_distractors: bool) -> list[dict]:
+    """The SFT cases answered whatever the instruction says (respond_ans): an instruction-tuned model that ignores
+    privacy instructions, as Qwen2-VL does (the study's backbone)."""
+    answer = _assistant(item["question_item"]["respond_ans"])
+    return [{"prompt": r["prompt"], "completion": answer} for r in pairwise_rows(item, texts, add_distractors)]
+
+
 ROW_BUILDERS = {"sft": sft_rows, "dpo": pairwise_rows, "nca": pairwise_rows, "nca_p": nca_p_rows}
+
+
+def general_rows(path, image_folder) -> list[dict]:
+    """Prompt-completion rows of a general-task file (`{"data_list": [{image_path, question, answer}]}`,
+    data_prep/synthetic.py), for SFT."""
+    data = read_json(path)
+    items = data.get("data_list") if isinstance(data, dict) else None
+    if not isinstance(items, list) or not items:
+        raise InputError(path, None, "data_list", "missing or empty: expected {\"data_list\": [items]}")
+    rows, decoded = [], set()
+    for n, item in enumerate(items):
+        for field in ("image_path", "question", "answer"):
+            if not isinstance(item, dict) or _text_problem(item, field):
+                raise InputError(path, f"record {n}", field, "expected a non-empty string")
+        image = Path(image_folder) / item["image_path"]
+        if image not in decoded:
+            check_image(image, f"record {n}", "image_path", source=path)
+            decoded.add(image)
+        rows.append({"images": [str(image)], "prompt": _user(item["question"]),
+                     "completion": _assistant(item["answer"]), "p_label": "general"})
+    return rows
 
 
 def build_dataset(
@@ -231,17 +259,26 @@ def build_dataset(
     shuffle: bool = True,
     seed: int = 42,
     num_samples: int | None = None,
+    helpful: bool = False,
+    general_path=None,
 ) -> datasets.Dataset:
-    """The training (or evaluation) dataset of one method, images decoded lazily from `image_folder`."""
+    """The training (or evaluation) dataset of one method, images decoded lazily from `image_folder`.
+    SFT only: `helpful` answers every case (helpful_rows); `general_path` adds a general-task file's rows."""
     from datasets import Dataset, Image, List  # here, so `validate` starts without importing datasets
 
+    if (helpful or general_path) and method != "sft":
+        raise InputError("command line", None, "helpful" if helpful else "general_data_path",
+                         f"only SFT trains on it, not {method}")
     texts = load_label_texts(label_path)
     items = load_items(data_path, image_folder, texts)
+    builder = helpful_rows if helpful else ROW_BUILDERS[method]
     rows = []
     for item in items:
         image = str(Path(image_folder) / item["question_item"]["image_path"])
-        for row in ROW_BUILDERS[method](item, texts, add_distractors):
+        for row in builder(item, texts, add_distractors):
             rows.append({"images": [image], **row, "p_label": item["label"]})
+    if general_path:
+        rows += general_rows(general_path, image_folder)
     if shuffle:
         random.Random(seed).shuffle(rows)
     if num_samples is not None:
