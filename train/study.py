@@ -95,6 +95,10 @@ def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
+def _paper(value) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def _pm(summary: dict, *keys) -> str:
     for key in keys:
         summary = summary.get(key, {}) if isinstance(summary, dict) else {}
@@ -113,12 +117,12 @@ def tables(report: dict) -> str:
         cells = {"method": name, "n": n}
         for setting in SETTINGS:
             cells.update({f"{label} {short[setting]}": _pm(summary, setting, key) for key, label in SPY.items()})
-        privacy.append({**cells, **{f"{k} (paper)": _fmt(paper.get(k)) for k in ("ICS", "HMS")}})
+        privacy.append({**cells, **{f"{k} (paper)": _paper(paper.get(k)) for k in ("ICS", "HMS")}})
         cells = {"method": name, "n": n, "general task acc.": _pm(summary, "general"),
-                 "MMMU val (paper)": _fmt(paper.get("MMMU val"))}
+                 "MMMU val (paper)": _paper(paper.get("MMMU val"))}
         for setting in SETTINGS:
             cells.update({f"{k} {short[setting]}": _pm(summary, setting, k) for k in ("priv", "overall")})
-        general.append({**cells, "overall (paper)": _fmt(paper.get("overall"))})
+        general.append({**cells, "overall (paper)": _paper(paper.get("overall"))})
     spy_columns = [f"{label} {short[s]}" for s in SETTINGS for label in SPY.values()]
     return ("# The miniature alignment study (held-out synthetic SPY-Bench, rule judge; held-out synthetic general "
             f"task)\n\nmean ± std over seeds {report['seeds']} (n runs per row); the paper's numbers beside ours, "
