@@ -220,9 +220,11 @@ def nca_p_rows(item: dict, texts: dict[str, str], add_distractors: bool) -> list
 
 
 def helpful_rows(item: dict, texts: dict[str, str], add_distractors: bool) -> list[dict]:
-    """The SFT cases answered whatever the instruction says (respond_ans): an instruction-tuned model that ignores
-    privacy instructions, as Qwen2-VL does (the study's backbone)."""
-    answer = _assistant(item["question_item"]["respond_ans"])
+    """The SFT cases answered whatever the instruction says: an instruction-tuned model that ignores privacy
+    instructions, as Qwen2-VL does (the study's backbone). Like a safety-tuned model it still refuses the absolute
+    categories (passports, nudity), so refusing is in its repertoire; what it lacks is following the instruction."""
+    q = item["question_item"]
+    answer = _assistant(q["reject_ans"] if spy.is_abs(item["label"]) else q["respond_ans"])
     return [{"prompt": r["prompt"], "completion": answer} for r in pairwise_rows(item, texts, add_distractors)]
 
 

@@ -203,12 +203,15 @@ def test_helpful_backbone_rows_answer_everything_and_add_the_general_task(tmp_pa
     from data_prep.synthetic import COLOURS, build
 
     data = build(tmp_path, train_per_label=1, test_per_label=1, general_train=6, general_test=4)
-    items = {i["question_item"]["respond_ans"] for i in json.loads((data / "train_data.json").read_text())["data_list"]}
+    answers = {i["label"]: i["question_item"] for i in json.loads((data / "train_data.json").read_text())["data_list"]}
     rows = build_dataset("sft", data / "train_data.json", data, add_distractors=False, helpful=True,
                          general_path=data / "general_train.json")
     general = [r for r in rows if r["p_label"] == "general"]
     assert len(general) == 6 and all(r["completion"][0]["content"] in COLOURS for r in general)
-    assert all(r["completion"][0]["content"] in items for r in rows if r["p_label"] != "general")
+    for row in rows:  # the absolute categories refused, every other question answered, whatever the instruction
+        if row["p_label"] != "general":
+            key = "reject_ans" if spy.is_abs(row["p_label"]) else "respond_ans"
+            assert row["completion"][0]["content"] == answers[row["p_label"]][key]
     test = json.loads((data / "general_test.json").read_text())["data_list"]
     assert len(test) == 4 and all(t["answer"] in COLOURS and t["image_path"].startswith("images/general_test/")
                                   for t in test)
