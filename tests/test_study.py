@@ -28,7 +28,7 @@ def test_study_end_to_end_and_reuse(tmp_path):
     result = run_study(out)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     report = json.loads((out / "study.json").read_text())
-    assert set(report) == {"methods", "paper", "seeds", "settings", "wall_seconds"}
+    assert set(report) == {"methods", "paper", "seeds", "settings", "wall_seconds", "train_seconds"}
     assert set(report["methods"]) == set(ROWS)
     for row in ROWS:
         runs = report["methods"][row]["runs"]

@@ -68,11 +68,12 @@ def evaluate(name: str, model: Path, out: Path, args, log, self_moderation: bool
 
 
 def training_summary(folder: Path) -> dict:
-    """The last logged loss and, for preference methods, reward margin and accuracy: is it converged?"""
+    """The last logged loss and, for preference methods, reward margin and accuracy (is it converged?), and the
+    training time in seconds."""
     logged = json.loads((folder / "train_metrics.json").read_text())
     last = {}
     for entry in logged:
-        for key in ("loss", "rewards/margins", "rewards/accuracies"):
+        for key in ("loss", "rewards/margins", "rewards/accuracies", "train_runtime"):
             if key in entry:
                 last[key] = entry[key]
     return last
@@ -136,7 +137,8 @@ def tables(report: dict) -> str:
             + markdown_table(general, ["method", "n", "general task acc.", "MMMU val (paper)",
                                        *[f"{k} {short[s]}" for s in SETTINGS for k in ("priv", "overall")],
                                        "overall (paper)"])
-            + f"\nwall time of this run: {report['wall_seconds']} s\n")
+            + f"\nwall time of this invocation: {report['wall_seconds']} s (finished runs are reused); training time "
+            f"summed over the alignment runs: {report['train_seconds']} s\n")
 
 
 def plot(report: dict, path: Path) -> None:
@@ -213,7 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     report = {"methods": {row: {"runs": per_seed[row], "summary": mean_std(list(per_seed[row].values()))}
                           for row in ROWS},
               "paper": PAPER, "seeds": args.seeds, "settings": settings,
-              "wall_seconds": round(time.time() - log.start, 1)}
+              "wall_seconds": round(time.time() - log.start, 1),
+              "train_seconds": round(sum(r["training"].get("train_runtime", 0) for m in METHODS
+                                         for r in per_seed[m].values()), 1)}
     from eval.runs import write_json, write_text
 
     write_json(out / "study.json", report)
