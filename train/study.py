@@ -21,13 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
 
-from data_prep.errors import InputError
-from train.common import METHOD_NAMES, run
-from train.demo import ROOT, SETTINGS, Clock, build_once, train
+# One thread per process, inherited by every training subprocess: the README's numbers were made so (another thread
+# count rounds floats differently), and on a shared 2-core machine two threads per process ran 2x slower than one.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from data_prep.errors import InputError  # noqa: E402
+from train.common import METHOD_NAMES, run  # noqa: E402
+from train.demo import ROOT, SETTINGS, Clock, build_once, train  # noqa: E402
 
 METHODS = {"sft": "sft", "dpo": "dpo", "nca": "dpo", "nca_p": "nca_p"}  # method -> training script
 ROWS = {"backbone": "backbone (helpful)", "self_moderation": "self-moderation (training-free)",
