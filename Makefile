@@ -9,7 +9,7 @@ OUT ?= outputs/demo
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 \
            WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: demo test lint vllm-env gpu-wheels clean
+.PHONY: demo study test lint vllm-env gpu-wheels clean
 
 # The exact tested set: pyproject.toml's ranges, resolved to constraints.txt's versions.
 $(STAMP): pyproject.toml constraints.txt
@@ -20,6 +20,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(OFFLINE) $(PY) -m train.demo --out $(OUT)
+
+# The miniature alignment study (README): SFT, DPO, NCA, NCA-P from one helpful backbone, 3 seeds, about 20 min on CPU.
+study: OUT = outputs/study
+study: $(STAMP)
+	$(OFFLINE) $(PY) -m train.study --out $(OUT)
 
 test: $(STAMP)
 	$(OFFLINE) $(PY) -m pytest -q

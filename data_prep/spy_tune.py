@@ -236,7 +236,38 @@ def nca_p_rows(item: dict, texts: dict[str, str], add_distractors: bool, categor
     return rows
 
 
+def helpful_rows(item: dict, texts: dict[str, str], add_distractors: bool, categories=None) -> list[dict]:
+    """The SFT cases answered whatever the instruction says: an instruction-tuned model that ignores privacy
+    instructions, as Qwen2-VL does (the study's backbone). Like a safety-tuned model it still refuses the absolute
+    categories (passports, nudity), so refusing is in its repertoire; what it lacks is following the instruction."""
+    q = item["question_item"]
+    answer = _assistant(q["reject_ans"] if spy.is_abs(item["label"], categories) else q["respond_ans"])
+    return [{"prompt": r["prompt"], "completion": answer}
+            for r in pairwise_rows(item, texts, add_distractors, categories)]
+
+
 ROW_BUILDERS = {"sft": sft_rows, "dpo": pairwise_rows, "nca": pairwise_rows, "nca_p": nca_p_rows}
+
+
+def general_rows(path, image_folder) -> list[dict]:
+    """Prompt-completion rows of a general-task file (`{"data_list": [{image_path, question, answer}]}`,
+    data_prep/synthetic.py), for SFT."""
+    data = read_json(path)
+    items = data.get("data_list") if isinstance(data, dict) else None
+    if not isinstance(items, list) or not items:
+        raise InputError(path, None, "data_list", "missing or empty: expected {\"data_list\": [items]}")
+    rows, decoded = [], set()
+    for n, item in enumerate(items):
+        for field in ("image_path", "question", "answer"):
+            if not isinstance(item, dict) or _text_problem(item, field):
+                raise InputError(path, f"record {n}", field, "expected a non-empty string")
+        image = Path(image_folder) / item["image_path"]
+        if image not in decoded:
+            check_image(image, f"record {n}", "image_path", source=path)
+            decoded.add(image)
+        rows.append({"images": [str(image)], "prompt": _user(item["question"]),
+                     "completion": _assistant(item["answer"]), "p_label": "general"})
+    return rows
 
 
 def build_dataset(
@@ -249,19 +280,28 @@ def build_dataset(
     seed: int = 42,
     num_samples: int | None = None,
     categories=None,
+    helpful: bool = False,
+    general_path=None,
 ) -> datasets.Dataset:
     """The training (or evaluation) dataset of one method, images decoded lazily from `image_folder`;
-    `categories`: a category file (path or CategorySet; default SPY's), `label_path` renames its labels."""
+    `categories`: a category file (path or CategorySet; default SPY's), `label_path` renames its labels.
+    SFT only: `helpful` answers every case (helpful_rows); `general_path` adds a general-task file's rows."""
     from datasets import Dataset, Image, List  # here, so `validate` starts without importing datasets
 
+    if (helpful or general_path) and method != "sft":
+        raise InputError("command line", None, "helpful" if helpful else "general_data_path",
+                         f"only SFT trains on it, not {method}")
     cats = as_categories(categories)
     texts = load_label_texts(label_path, cats)
     items = load_items(data_path, image_folder, texts, cats)
+    builder = helpful_rows if helpful else ROW_BUILDERS[method]
     rows = []
     for item in items:
         image = str(Path(image_folder) / item["question_item"]["image_path"])
-        for row in ROW_BUILDERS[method](item, texts, add_distractors, cats):
+        for row in builder(item, texts, add_distractors, cats):
             rows.append({"images": [image], **row, "p_label": item["label"]})
+    if general_path:
+        rows += general_rows(general_path, image_folder)
     if shuffle:
         random.Random(seed).shuffle(rows)
     if num_samples is not None:

@@ -65,6 +65,19 @@ REFUSAL_TEMPLATES = (
 )
 SHAPES = ("ellipse", "rectangle", "triangle")
 SCENARIO_POOL = 2  # conflict and privacy scenarios kept per category
+# The general task (the study's stand-in for MMMU / OCRBench / MME): questions about the picture with one checkable
+# answer, the background colour; the second kind names two colours, one of which fits. The test split uses new
+# images and phrasings never seen in training. Answers are the bare colour word, scored by exact match.
+GENERAL_TRAIN_QUESTIONS = (
+    "What colour is the background?",
+    "Name the background colour of this picture.",
+    "Is the background {a} or {b}?",
+    "Which fits this image, {a} or {b}?",
+)
+GENERAL_TEST_QUESTIONS = (
+    "Which colour does the background of this image have?",
+    "Does the background look {a} or {b}?",
+)
 
 
 def _scenario_entry(cats: CategorySet, scenario_id: str) -> dict:
@@ -146,6 +159,24 @@ def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int
     return items
 
 
+def make_general(split: str, n: int, seed: int, out: Path, image_size: int = 56) -> list[dict]:
+    """General-task items `{id, image_path, question, answer}`, images under out/images/general_<split>/."""
+    questions = GENERAL_TRAIN_QUESTIONS if split == "train" else GENERAL_TEST_QUESTIONS
+    rng = random.Random(f"general-{split}-{seed}")
+    (out / "images" / f"general_{split}").mkdir(parents=True, exist_ok=True)
+    items = []
+    for i in range(n):
+        colour = rng.choice(list(COLOURS))
+        image_path = f"images/general_{split}/{i:06d}.png"
+        draw_image(rng, colour, image_size).save(out / image_path)
+        options = [colour, rng.choice([c for c in COLOURS if c != colour])]
+        rng.shuffle(options)
+        question = questions[i % len(questions)].format(a=options[0], b=options[1])
+        items.append({"id": f"general_{split}_{i:06d}", "image_path": image_path, "question": question,
+                      "answer": colour})
+    return items
+
+
 def to_bench_item(item: dict) -> dict:
     """The SPY-Bench shape of a SPY-Tune item (spy.md §1.3): `gt` instead of the answer pair."""
     q = item["question_item"]
@@ -165,8 +196,9 @@ def write_json(path: Path, obj) -> None:
 
 
 def build(out, train_per_label: int = 60, test_per_label: int = 2, seed: int = 0, image_size: int = 56,
-          categories=None) -> Path:
-    """Write the synthetic data of a category set (a path or CategorySet; default SPY's 67) into `out`."""
+          categories=None, general_train: int = 0, general_test: int = 0) -> Path:
+    """Write the synthetic data of a category set (a path or CategorySet; default SPY's 67) into `out`;
+    `general_train` / `general_test` > 0 also write general_train.json / general_test.json (the general task)."""
     cats = as_categories(categories)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -178,11 +210,15 @@ def build(out, train_per_label: int = 60, test_per_label: int = 2, seed: int = 0
     write_json(out / "label2text.json", {"a0_safe": "safe", **cats.label2text()})
     if Path(cats.source).resolve() != (out / "categories.yaml").resolve():
         shutil.copyfile(cats.source, out / "categories.yaml")  # the data says which categories it was made from
+    for split, n in (("train", general_train), ("test", general_test)):
+        if n:
+            write_json(out / f"general_{split}.json", {"data_list": make_general(split, n, seed, out, image_size)})
     return out
 
 
-def text_corpus(categories=None) -> list[str]:
-    """Every kind of string the synthetic task produces, for training the tiny model's tokenizer."""
+def text_corpus(categories=None, general: bool = False) -> list[str]:
+    """Every kind of string the synthetic task produces, for training the tiny model's tokenizer; `general` adds the
+    general task's (the study's backbone; off for the demo, whose tokenizer stays as it was)."""
     cats = as_categories(categories)
     texts = cats.label2text()
     lines = [s.second_person for s in cats.scenarios.values()]
@@ -191,6 +227,10 @@ def text_corpus(categories=None) -> list[str]:
         lines += [q.format(t=t) for q in TRAIN_QUESTIONS + TEST_QUESTIONS]
         lines += [r.format(t=t) for r in REFUSAL_TEMPLATES]
         lines += [r.format(t=t, c=c) for r in RESPOND_TEMPLATES for c in COLOURS]
+    if general:
+        pairs = [(a, b) for a in COLOURS for b in COLOURS if a != b]
+        lines += [q.format(a=a, b=b) for q in GENERAL_TRAIN_QUESTIONS + GENERAL_TEST_QUESTIONS for a, b in pairs]
+        lines += list(COLOURS)
     return lines
 
 

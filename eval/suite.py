@@ -20,6 +20,7 @@ model. `--push-to-hub` writes the headline metrics into the repo's card as model
             categories: FILE}    # the category file the items were made with (default: SPY's 67 categories)
       spatialtrust: {data: .../data.jsonl, modes: [one-pass, guard], synthetic_images: 8}
       general: {benchmarks: [mmmu, ocrbench, mme], datasets: {mmmu: local copy or Hub id}}   (+ the SPY composite)
+      synthetic_general: {data: .../general_test.json, images: DIR}   (the study's general task, exact match)
       geo: {images: .../geo_images, settings: [mcq, free-form]}   (free-form needs an LLM judge)
 """
 
@@ -41,7 +42,8 @@ SPATIAL_HEADLINE = {"q1": "Q1", "q2": "Q2", "q3": "Q3", "q4": "Q4", "q5": "Q5", 
 SPATIAL_MODES = ("one-pass", "staged", "guard")
 # Section -> the keys its YAML entry may hold (anything else is a typo, refused).
 SECTION_KEYS = {
-    "spy": {"items", "images", "settings", "limit", "categories"},
+    "spy": {"items", "images", "settings", "limit", "categories", "self_moderation"},
+    "synthetic_general": {"data", "images", "limit"},
     "spatialtrust": {"data", "image_root", "modes", "limit", "retries", "box_scale", "synthetic_images"},
     "general": {"benchmarks", "datasets", "limit", "mmmu_splits"},
     "geo": {"images", "settings", "labels", "metadata", "limit"},
@@ -123,6 +125,14 @@ def load_config(path, root: str | None = None, overrides: dict | None = None) ->
         bad = [s for s in spy["settings"] if s not in SPY_SETTINGS]
         if bad:
             raise InputError(path, None, "sections.spy.settings", f"{bad[0]!r}: choose from {', '.join(SPY_SETTINGS)}")
+    synthetic = sections.get("synthetic_general")
+    if synthetic is not None:
+        for key in ("data", "images"):
+            if key not in synthetic:
+                raise InputError(path, None, f"sections.synthetic_general.{key}", "missing")
+            synthetic[key] = resolve(synthetic[key])
+            if not Path(synthetic[key]).exists():
+                raise InputError(path, None, f"sections.synthetic_general.{key}", f"{synthetic[key]} does not exist")
     spatial = sections.get("spatialtrust")
     if spatial is not None:
         if "data" not in spatial:
@@ -191,26 +201,54 @@ class Model:
 
 
 def run_spy(section: dict, judge, model: Model, out: Path) -> dict:
+    """Each setting's metrics; with `self_moderation: true` also `<setting>_self_moderation`: the same answers
+    after the two reflection turns of the training-free baseline (paper §4.1), judged on the last one."""
     from eval.spy import cli
 
     categories = section.get("categories")
+    answer_options = {k: model.options.get(k) for k in cli.ANSWER_OPTIONS if k in model.options}
+
+    def judge_run(run, judged, resp_key="response"):
+        if judge == "rule":
+            cli.judge(run, judged, rule=True, resp_key=resp_key, categories=categories)
+        else:
+            cli.judge(run, judged, judge_model=judge["model"], base_url=judge.get("base_url"), resp_key=resp_key,
+                      api_key_env=judge.get("api_key_env", "OPENAI_API_KEY"), categories=categories)
+
     results = {}
     for setting in section["settings"]:
         folder = out / "spy" / setting
         metrics_path = folder / "metrics.json"
+        run, judged = folder / "run.jsonl", folder / "judged.jsonl"
         if not metrics_path.exists():
-            run, judged = folder / "run.jsonl", folder / "judged.jsonl"
             cli.generate(section["items"], section["images"], run, generator=model.get(), backend=model.backend,
                          distractors=SPY_SETTINGS[setting], limit=section.get("limit"), categories=categories,
-                         **{k: model.options.get(k) for k in cli.ANSWER_OPTIONS if k in model.options})
-            if judge == "rule":
-                cli.judge(run, judged, rule=True, categories=categories)
-            else:
-                cli.judge(run, judged, judge_model=judge["model"], base_url=judge.get("base_url"),
-                          api_key_env=judge.get("api_key_env", "OPENAI_API_KEY"), categories=categories)
+                         **answer_options)
+            judge_run(run, judged)
             cli.metrics(judged, metrics_path, categories=categories)
         results[setting] = json.loads(metrics_path.read_text())
+        selfmod_metrics = folder / "metrics_self_moderation.json"
+        if section.get("self_moderation") and not selfmod_metrics.exists():
+            selfmod, selfmod_judged = folder / "self_moderation.jsonl", folder / "self_moderation_judged.jsonl"
+            cli.self_moderate(run, section["images"], selfmod, generator=model.get(), backend=model.backend,
+                              progress=False, **answer_options)
+            judge_run(selfmod, selfmod_judged, resp_key="resp_3")
+            cli.metrics(selfmod_judged, selfmod_metrics, key="eval_3", categories=categories)
+        if section.get("self_moderation"):
+            results[f"{setting}_self_moderation"] = json.loads(selfmod_metrics.read_text())
     return results
+
+
+def run_synthetic_general(section: dict, model: Model, out: Path) -> dict:
+    """The synthetic general task's accuracy (eval/general/synthetic.py); read back when already scored."""
+    from eval.general import synthetic
+
+    folder = out / "synthetic_general"
+    if not (folder / "score.json").exists():
+        options = {k: model.options.get(k) for k in ("max_new_tokens", "dtype") if k in model.options}
+        synthetic.run(model.get(), section["data"], section["images"], folder, model.backend,
+                      limit=section.get("limit"), options=options)
+    return json.loads((folder / "score.json").read_text())
 
 
 def run_spatialtrust(section: dict, judge, model: Model, out: Path) -> dict:
@@ -358,6 +396,10 @@ def headline(sections: dict) -> list[dict]:
             rows.append({"benchmark": "SPY-Bench", "setting": setting.replace("_", " "), "metric": name,
                          "key": key, "value": m.get(key), "n": m.get("total")})
     rows += general_rows(sections.get("general", {}), sections.get("spy", {}))
+    if "synthetic_general" in sections:
+        m = sections["synthetic_general"]
+        rows.append({"benchmark": "synthetic general", "setting": "held-out", "metric": "accuracy",
+                     "key": "synthetic_general_accuracy", "value": m["accuracy"], "n": m["n"]})
     for setting, m in sections.get("geo", {}).items():
         for key, name in GEO_HEADLINE.items():
             if key in m:
@@ -470,6 +512,8 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
             sections["spy"] = run_spy(config["sections"]["spy"], config["judge"], runner, out)
         if "general" in config["sections"]:
             sections["general"] = run_general(config["sections"]["general"], runner, out)
+        if "synthetic_general" in config["sections"]:
+            sections["synthetic_general"] = run_synthetic_general(config["sections"]["synthetic_general"], runner, out)
         if "geo" in config["sections"]:
             sections["geo"] = run_geo(config["sections"]["geo"], config["judge"], runner, out)
         if "spatialtrust" in config["sections"]:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,8 +257,13 @@ def test_every_recipe_parses_and_passes_the_checks(recipe, monkeypatch, tmp_path
     from losses.vision_dpo_trainer import VisionDPOConfig
     from train.common import SpyTuneArguments, check_run, parse_recipe
 
-    config = {"sft": SFTConfig, "dpo": VisionDPOConfig, "nca": VisionDPOConfig, "nca_p": NCAPConfig}[recipe.stem]
+    config = {"sft": SFTConfig, "backbone": SFTConfig, "dpo": VisionDPOConfig, "nca": VisionDPOConfig,
+              "nca_p": NCAPConfig}[recipe.stem]
     monkeypatch.chdir(tmp_path)
+    model = yaml.safe_load(recipe.read_text())["model_name_or_path"]
+    if model.startswith("outputs/"):  # a previous stage's output (the study's backbone): a model folder by then
+        (tmp_path / model).mkdir(parents=True)
+        (tmp_path / model / "config.json").write_text("{}")
     # the GPU recipes ask for bf16 and tf32, which TrainingArguments checks against the machine
     monkeypatch.setattr(sys, "argv", ["script.py", str(recipe), "--use_cpu", "true", "--tf32", "false"])
     script_args, training_args, model_args = parse_recipe(SpyTuneArguments, config, ModelConfig)

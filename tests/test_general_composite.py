@@ -123,3 +123,19 @@ def test_bad_general_inputs_exit_2(tmp_path, capsys):
 def test_harmonic_mean_edge():
     assert composite.composite(0, 0, 0, 0, 0)["overall"] == 0.0
     assert composite.composite(100, 100, 100, 1000, 2800) == {"priv": 100, "general": 100, "overall": 100}
+
+
+def test_composite_from_general_is_the_composite_formula():
+    """The study's composite (a general score already on 0..100) and `eval composite`'s are one formula."""
+    general = composite.general_score(50.0, 800, 2100)
+    assert composite.composite(90.0, 70.0, 50.0, 800, 2100) == composite.composite_from_general(90.0, 70.0, general)
+    assert composite.composite_from_general(90.0, 70.0, 100.0) == {"priv": 80.0, "general": 100.0,
+                                                                   "overall": 2 * 80 * 100 / 180}
+
+
+def test_synthetic_general_scores_exact_answers():
+    from eval.general.synthetic import score
+
+    records = [{"answer": "red", "response": "Red."}, {"answer": "red", "response": " red "},
+               {"answer": "blue", "response": "The background is blue."}, {"answer": "pink", "response": None}]
+    assert score(records) == {"accuracy": 50.0, "n": 4, "correct": 2}

@@ -196,3 +196,24 @@ def test_entry_script_exits_2_with_one_line(tmp_path, synthetic_dir, tiny_model_
     assert result.returncode == 2
     assert f"error: {data}:record 0: label: unknown label 'a999_mystery'" in result.stderr.splitlines()
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_helpful_backbone_rows_answer_everything_and_add_the_general_task(tmp_path):
+    """The study's backbone data: every case answered (respond_ans) whatever the instruction, plus the general task."""
+    from data_prep.synthetic import COLOURS, build
+
+    data = build(tmp_path, train_per_label=1, test_per_label=1, general_train=6, general_test=4)
+    answers = {i["label"]: i["question_item"] for i in json.loads((data / "train_data.json").read_text())["data_list"]}
+    rows = build_dataset("sft", data / "train_data.json", data, add_distractors=False, helpful=True,
+                         general_path=data / "general_train.json")
+    general = [r for r in rows if r["p_label"] == "general"]
+    assert len(general) == 6 and all(r["completion"][0]["content"] in COLOURS for r in general)
+    for row in rows:  # the absolute categories refused, every other question answered, whatever the instruction
+        if row["p_label"] != "general":
+            key = "reject_ans" if spy.is_abs(row["p_label"]) else "respond_ans"
+            assert row["completion"][0]["content"] == answers[row["p_label"]][key]
+    test = json.loads((data / "general_test.json").read_text())["data_list"]
+    assert len(test) == 4 and all(t["answer"] in COLOURS and t["image_path"].startswith("images/general_test/")
+                                  for t in test)
+    with pytest.raises(InputError, match="only SFT"):
+        build_dataset("dpo", data / "train_data.json", data, helpful=True)

@@ -40,6 +40,10 @@ class SpyTuneArguments:
     min_pixels: int | None = field(default=None, metadata={"help": "Image processor lower bound (pixels)."})
     max_pixels: int | None = field(default=None, metadata={"help": "Image processor upper bound (pixels)."})
     dataset_name: str = field(default="SPY-Tune", metadata={"help": "Dataset name shown in the model card."})
+    helpful: bool = field(default=False, metadata={"help": "SFT only: answer every question whatever the instruction "
+                                                           "(the study's helpful backbone)."})
+    general_data_path: str | None = field(default=None, metadata={"help": "SFT only: general-task JSON whose rows are "
+                                                                          "added (data_prep/synthetic.py)."})
 
 
 def run(main) -> None:
@@ -267,11 +271,13 @@ def load_datasets(method: str, script_args: SpyTuneArguments, seed: int):
     """(train, eval or None) datasets of one method; bad input raises InputError naming file, record, field."""
     from data_prep.spy_tune import build_dataset
 
-    def build(path, shuffle, num_samples):
+    def build(path, shuffle, num_samples, **extra):
         return build_dataset(method, path, script_args.image_folder, script_args.add_distractors,
-                             script_args.label_path, shuffle, seed, num_samples, categories=script_args.categories)
+                             script_args.label_path, shuffle, seed, num_samples, categories=script_args.categories,
+                             **extra)
 
-    train = build(script_args.train_data_path, script_args.shuffle, script_args.num_train_samples)
+    train = build(script_args.train_data_path, script_args.shuffle, script_args.num_train_samples,
+                  helpful=script_args.helpful, general_path=script_args.general_data_path)
     evaluation = build(script_args.eval_data_path, False, None) if script_args.eval_data_path else None
     return train, evaluation
 

@@ -57,26 +57,30 @@ def build_once(target: Path, build) -> None:
     tmp.rename(target)
 
 
-def train(script: str, model: Path, data: Path, out: Path, steps: int | None, log, extra: list[str]) -> None:
-    """One stage through accelerate launch; skipped when finished, resumed from its last checkpoint otherwise."""
+def train(script: str, model: Path, data: Path, out: Path, steps: int | None, log, extra: list[str],
+          recipe: Path | None = None) -> None:
+    """One stage through accelerate launch (`recipe`, default recipes/demo/<script>.yaml; its log is
+    logs/<out's name>.log next to `out`); skipped when finished, resumed from its last checkpoint otherwise."""
+    recipe = recipe or ROOT / "recipes" / "demo" / f"{script}.yaml"
     if (out / "train_metrics.json").exists():
-        log(f"{script}: reusing {out}")
+        log(f"{out.name}: reusing {out}")
         return
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs/cpu.yaml"),
-        str(ROOT / "train" / f"{script}.py"), str(ROOT / "recipes" / "demo" / f"{script}.yaml"),
+        str(ROOT / "train" / f"{script}.py"), str(recipe),
         "--model_name_or_path", str(model), "--train_data_path", str(data / "train_data.json"),
         "--image_folder", str(data), "--output_dir", str(out), *extra,
     ]
     if steps is None:  # the recipe's
-        steps = yaml.safe_load((ROOT / "recipes" / "demo" / f"{script}.yaml").read_text())["max_steps"]
+        steps = yaml.safe_load(recipe.read_text())["max_steps"]
     else:
         command += ["--max_steps", str(steps)]
     if any(out.glob("checkpoint-*")):
         command += ["--resume_from_checkpoint", "true"]
-    log(f"{script}: {steps} steps -> {out}   (accelerate launch train/{script}.py recipes/demo/{script}.yaml)")
+    name = out.name
+    log(f"{name}: {steps} steps -> {out}   (accelerate launch train/{script}.py {recipe.relative_to(ROOT)})")
     (out.parent / "logs").mkdir(parents=True, exist_ok=True)
-    log_path = out.parent / "logs" / f"{script}.log"
+    log_path = out.parent / "logs" / f"{name}.log"
     with open(log_path, "w") as log_file:
         process = subprocess.Popen(command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
         while True:
@@ -86,14 +90,14 @@ def train(script: str, model: Path, data: Path, out: Path, steps: int | None, lo
             except subprocess.TimeoutExpired:
                 done = re.findall(rf"(\d+)/{steps} \[", log_path.read_text(errors="replace")[-4000:])
                 if done:
-                    log(f"{script}: step {done[-1]}/{steps}")
+                    log(f"{name}: step {done[-1]}/{steps}")
     if process.returncode:
         # bad input: the script's own line (accelerate's report follows it in the log)
         bad = [line for line in log_path.read_text(errors="replace").splitlines() if line.startswith("error: ")]
         if bad:
             print(bad[0], file=sys.stderr)
             sys.exit(2)
-        sys.exit(f"{script} failed (exit {process.returncode}); see {log_path}")
+        sys.exit(f"{name} failed (exit {process.returncode}); see {log_path}")
 
 
 def evaluate(stage: str, model: Path, out: Path, args, log) -> dict:

@@ -31,11 +31,15 @@ def general_score(mmmu: float, ocrbench: float, mme: float) -> float:
     return (mmmu / NORMALIZER["mmmu"] + ocrbench / NORMALIZER["ocrbench"] + mme / NORMALIZER["mme"]) / 3
 
 
-def composite(ics: float, hms: float, mmmu: float, ocrbench: float, mme: float) -> dict:
+def composite_from_general(ics: float, hms: float, general: float) -> dict:
+    """priv, general and overall from a general score already on 0..100 (the study's synthetic general task)."""
     priv = (ics + hms) / 2
-    general = general_score(mmmu, ocrbench, mme)
     overall = 2 * priv * general / (priv + general) if priv + general else 0.0
     return {"priv": priv, "general": general, "overall": overall}
+
+
+def composite(ics: float, hms: float, mmmu: float, ocrbench: float, mme: float) -> dict:
+    return composite_from_general(ics, hms, general_score(mmmu, ocrbench, mme))
 
 
 def read_spy(path) -> dict:

@@ -1,0 +1,50 @@
+"""The synthetic general task (data_prep/synthetic.py's general_test.json): questions about a picture with one
+checkable answer, the study's stand-in for MMMU / OCRBench / MME. Accuracy is the exact match of the answer
+(lower-cased, surrounding spaces and a final full stop removed), in %: an answer wrapped in a sentence is wrong,
+as a wrong option letter is on MMMU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from data_prep.errors import InputError, read_json
+from data_prep.runs import write_json
+
+
+def load(path, limit: int | None = None) -> list[dict]:
+    data = read_json(path)
+    items = data.get("data_list") if isinstance(data, dict) else None
+    if not isinstance(items, list) or not items:
+        raise InputError(path, None, "data_list", "missing or empty: expected the general_test.json of "
+                         "data_prep/synthetic.py")
+    for n, item in enumerate(items):
+        for field in ("id", "image_path", "question", "answer"):
+            if not isinstance(item, dict) or not isinstance(item.get(field), str):
+                raise InputError(path, f"record {n}", field, "missing or not a string")
+    return items[:limit] if limit else items
+
+
+def normalize(text: str | None) -> str:
+    return (text or "").strip().lower().rstrip(".").strip()
+
+
+def score(records: list[dict]) -> dict:
+    correct = sum(normalize(r.get("response")) == normalize(r["answer"]) for r in records)
+    return {"accuracy": 100 * correct / len(records) if records else None, "n": len(records), "correct": correct}
+
+
+def run(generator, data, images, folder, backend: str, limit: int | None = None, options: dict | None = None) -> dict:
+    """Answer every question (resumable run file folder/run.jsonl), score, write folder/score.json."""
+    from eval.backends import generate_run
+    from eval.spy.prompts import user_turn
+
+    items = load(data, limit)
+    requests = [{"id": i["id"], "messages": [user_turn(i["question"])], "images": [str(Path(images) / i["image_path"])]}
+                for i in items]
+    header = {"step": "synthetic general", "model": generator.name, "backend": backend, **(options or {})}
+    records = generate_run(generator, requests, Path(folder) / "run.jsonl", meta={i["id"]: i for i in items},
+                           progress=False, header=header)
+    result = score(records)
+    write_json(Path(folder) / "score.json", result)
+    return result
+
