@@ -106,14 +106,18 @@ def load_config(path, root: str | None = None, overrides: dict | None = None) ->
     def resolve(value):
         return str(value if Path(value).is_absolute() else base / value)
 
+    def require_paths(section: dict, name: str, keys) -> None:
+        """Each of `keys` given, resolved against root, and existing."""
+        for key in keys:
+            if key not in section:
+                raise InputError(path, None, f"sections.{name}.{key}", "missing")
+            section[key] = resolve(section[key])
+            if not Path(section[key]).exists():
+                raise InputError(path, None, f"sections.{name}.{key}", f"{section[key]} does not exist")
+
     spy = sections.get("spy")
     if spy is not None:
-        for key in ("items", "images"):
-            if key not in spy:
-                raise InputError(path, None, f"sections.spy.{key}", "missing")
-            spy[key] = resolve(spy[key])
-            if not Path(spy[key]).exists():
-                raise InputError(path, None, f"sections.spy.{key}", f"{spy[key]} does not exist")
+        require_paths(spy, "spy", ("items", "images"))
         if spy.get("categories") is not None:  # checked now (a bad file: its line and field), before anything runs
             from data_prep.categories import load_categories
 
@@ -127,12 +131,7 @@ def load_config(path, root: str | None = None, overrides: dict | None = None) ->
             raise InputError(path, None, "sections.spy.settings", f"{bad[0]!r}: choose from {', '.join(SPY_SETTINGS)}")
     synthetic = sections.get("synthetic_general")
     if synthetic is not None:
-        for key in ("data", "images"):
-            if key not in synthetic:
-                raise InputError(path, None, f"sections.synthetic_general.{key}", "missing")
-            synthetic[key] = resolve(synthetic[key])
-            if not Path(synthetic[key]).exists():
-                raise InputError(path, None, f"sections.synthetic_general.{key}", f"{synthetic[key]} does not exist")
+        require_paths(synthetic, "synthetic_general", ("data", "images"))
     spatial = sections.get("spatialtrust")
     if spatial is not None:
         if "data" not in spatial:

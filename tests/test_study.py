@@ -59,4 +59,4 @@ def test_study_end_to_end_and_reuse(tmp_path):
     refused = run_study(out, "--max-new-tokens", "5")
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
-        f"error: {out / 'study_config.json'}: a study with other settings is here; use another --out or delete it"]
+        f"error: {out / 'study_config.json'}: a study run with other settings is here; use another --out or delete it"]

@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from data_prep.errors import InputError
+from data_prep.runs import write_json, write_text
 from train.common import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +56,19 @@ def build_once(target: Path, build) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     build(tmp)
     tmp.rename(target)
+
+
+def open_out(out: Path, kind: str, settings: dict) -> None:
+    """Create --out and record the run's settings in <kind>_config.json; a folder holding a run with other settings
+    is refused (a resumed run must not mix two configurations)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # under a file, or no permission
+        raise InputError(out, None, "--out", f"cannot create the folder ({err.strerror})") from None
+    config = out / f"{kind}_config.json"
+    if config.exists() and json.loads(config.read_text()) != settings:
+        raise InputError(config, None, None, f"a {kind} run with other settings is here; use another --out or delete it")
+    write_json(config, settings)
 
 
 def train(script: str, model: Path, data: Path, out: Path, steps: int | None, log, extra: list[str],
@@ -175,15 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     log = Clock()
     out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # under a file, or no permission
-        raise InputError(out, None, "--out", f"cannot create the folder ({err.strerror})") from None
-    settings = {k: v for k, v in vars(args).items() if k != "out"}
-    config = out / "demo_config.json"
-    if config.exists() and json.loads(config.read_text()) != settings:
-        raise InputError(config, None, None, "a demo run with other settings is here; use another --out or delete it")
-    config.write_text(json.dumps(settings, indent=1))
+    open_out(out, "demo", {k: v for k, v in vars(args).items() if k != "out"})
 
     from data_prep import synthetic
     from train.tiny_model import DEMO_CONFIG, build_tiny_model
@@ -196,7 +202,6 @@ def main(argv: list[str] | None = None) -> None:
     train("sft", model_dir, data_dir, out / "sft", args.sft_steps, log, args.train_args)
     train("nca_p", out / "sft", data_dir, out / "nca_p", args.nca_p_steps, log, args.train_args)
 
-    from data_prep.runs import write_json, write_text
     from eval.report import markdown_table
     from train.card import add_card_evaluation
 

@@ -30,9 +30,8 @@ from pathlib import Path
 # count rounds floats differently), and on a shared 2-core machine two threads per process ran 2x slower than one.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from data_prep.errors import InputError  # noqa: E402
 from train.common import METHOD_NAMES, run  # noqa: E402
-from train.demo import ROOT, SETTINGS, Clock, build_once, train  # noqa: E402
+from train.demo import ROOT, SETTINGS, Clock, build_once, open_out, train  # noqa: E402
 
 METHODS = {"sft": "sft", "dpo": "dpo", "nca": "dpo", "nca_p": "nca_p"}  # method -> training script
 ROWS = {"backbone": "backbone (helpful)", "self_moderation": "self-moderation (training-free)",
@@ -186,15 +185,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     log = Clock()
     out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # under a file, or no permission
-        raise InputError(out, None, "--out", f"cannot create the folder ({err.strerror})") from None
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "seeds")}
-    config = out / "study_config.json"  # more seeds later is fine; anything else would mix two studies
-    if config.exists() and json.loads(config.read_text()) != settings:
-        raise InputError(config, None, None, "a study with other settings is here; use another --out or delete it")
-    config.write_text(json.dumps(settings, indent=1))
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "seeds")}  # more seeds later is fine
+    open_out(out, "study", settings)
 
     from data_prep import synthetic
     from train.tiny_model import DEMO_CONFIG, build_tiny_model
