@@ -123,6 +123,12 @@ class CategorySet:
         order = list(self.categories)
         return (1, order.index(label), label) if label in self.categories else (2, 0, str(label))
 
+    def item_scenario(self, sid: str) -> dict:
+        """A scenario as SPY-Tune and SPY-Bench items carry it (spy.md §1.3, §5.1)."""
+        s = self.scenarios[sid]
+        entry = {"scenario": sid, "2nd_person_template": s.second_person}
+        return {**entry, "3rd_person_template": s.third_person} if s.third_person is not None else entry
+
     def scenarios_json(self) -> dict[str, dict]:
         """SPY's scenarios.json: every scenario's `labels` starts with a0_safe, as in the released file."""
         out = {}

@@ -47,6 +47,9 @@ from data_prep.categories import SAFE_LABEL, CategorySet, parse
 from data_prep.chat_client import ChatClient, openai_messages
 from data_prep.errors import InputError, check_image
 from data_prep.runs import RunFile, check_outputs, int_at_least, write_json, write_text
+from data_prep.spy import draw_other_labels
+from data_prep.spy_bench import build_samples, to_bench_item
+from data_prep.spy_tune import load_items
 
 PROMPTS_VERSION = 1  # bump when a prompt or a parser changes what a unit produces
 OUTPUTS = ("categories.yaml", "train_data.json", "eval_data.json", "questions.json", "label2text.json", "stats.json",
@@ -343,49 +346,28 @@ def category_file(cats: CategorySet, generated: list[dict]) -> dict:
     return doc
 
 
-def _scenario_entry(cats: CategorySet, sid: str) -> dict:
-    s = cats.scenarios[sid]
-    entry = {"scenario": sid, "2nd_person_template": s.second_person}
-    if s.third_person:
-        entry["3rd_person_template"] = s.third_person
-    return entry
-
-
 def build_item(cats: CategorySet, record: dict, variants: dict, index: int, split: str, rng: random.Random) -> dict:
     """A SPY-Tune item (spy.md §5.1) in the released shape, distractors and scenarios from the category set."""
     label = record["category"]
-    others = [x for x in cats.categories if x != label]
-    other_labels = {d: rng.randint(0, 1) for d in rng.sample(others, min(5, len(others)))}
-    keys = list(other_labels)
-    keys.insert(rng.randint(0, len(keys)), label)
+    other_labels = draw_other_labels(rng, label, cats.categories)
     conflict, privacy = cats.conflict_scenarios(label), cats.privacy_scenarios(label)
-    privacy_scenarios = [_scenario_entry(cats, rng.choice(privacy))] if privacy else []
+    privacy_scenarios = [cats.item_scenario(rng.choice(privacy))] if privacy else []
     image_id = Path(record["image"]).with_suffix("").as_posix().replace("/", "__")
     item = {
         "benchmark_id": f"{'1' if split == 'train' else '2'}{index:07d}",
         "label": label,
-        "other_labels": {k: other_labels.get(k, 0.5) for k in keys},
+        "other_labels": other_labels,
         "question_item": {"question_id": f"{image_id}_{label}", "image_id": image_id,
                           "image_path": f"images/{record['image']}", "label": label,
                           "question": record["question"], "respond_ans": record["answer"],
                           "reject_ans": record["evasive"]},
-        "non_privacy_scenarios": [_scenario_entry(cats, rng.choice(conflict))] if conflict else [],
+        "non_privacy_scenarios": [cats.item_scenario(rng.choice(conflict))] if conflict else [],
         "privacy_scenarios": privacy_scenarios,
         "chosen_scenarios": privacy_scenarios,
     }
     if split == "train" and variants.get(label):  # the paraphrases vary the instructions the model learns from
         item["instruct_templates"] = rng.choice([list(cats.templates), *variants[label]])
     return item
-
-
-def to_bench_item(item: dict, texts: dict[str, str]) -> dict:
-    """The SPY-Bench shape (spy.md §1.3), with `label2text` so the bench reads without the category file."""
-    q = item["question_item"]
-    return {"benchmark_id": item["benchmark_id"], "label": item["label"],
-            "question_item": {"question_id": q["question_id"], "image_path": q["image_path"],
-                              "question": q["question"], "gt": q["respond_ans"]},
-            "other_labels": item["other_labels"], "label2text": {k: texts[k] for k in item["other_labels"]},
-            "non_privacy_scenarios": item["non_privacy_scenarios"], "privacy_scenarios": item["privacy_scenarios"]}
 
 
 def split_images(images: list[str], fraction: float, seed: int) -> set[str]:
@@ -456,8 +438,7 @@ def generate(args) -> int:
     check = _client(check_model, check_url, args.check_api_key_env or args.api_key_env, args, 0.0)  # a verdict: greedy
     out, images_dir = Path(args.out), Path(args.images)
     stages = out / "stages"
-    file_sha = hashlib.sha256(Path(args.categories).read_bytes()).hexdigest()
-    common = {"prompts_version": PROMPTS_VERSION, "categories_sha256": file_sha}
+    common = {"prompts_version": PROMPTS_VERSION, "categories_sha256": cats.digest}
     gen_header = {**common, "model": args.model, "base_url": args.base_url, "temperature": args.temperature}
     # Every run file is opened (and its settings checked) before the first request.
     runs = {"templates": RunFile(stages / "templates.jsonl", header={**gen_header, "stage": "templates",
@@ -594,13 +575,11 @@ def make_stats(cats, images, templates, qa, removed, kept, train, test) -> dict:
 def verify(out: Path, cats: CategorySet, train: bool, test: bool) -> None:
     """Read the outputs back through the SPY-Tune and SPY-Bench readers, with the output category file
     (a problem raises InputError)."""
-    from data_prep import spy_bench, spy_tune
-
     if train:
-        spy_tune.load_items(out / "train_data.json", out, categories=cats)
+        load_items(out / "train_data.json", out, categories=cats)
     if test:
-        spy_tune.load_items(out / "eval_data.json", out, categories=cats)
-        spy_bench.build_samples(out / "questions.json", images_dir=out, distractors=True, categories=cats)
+        load_items(out / "eval_data.json", out, categories=cats)
+        build_samples(out / "questions.json", images_dir=out, distractors=True, categories=cats)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,16 @@ def label_sort_key(label: str, categories=None) -> tuple:
     return as_categories(categories).label_order(label)
 
 
+def draw_other_labels(rng, label: str, labels, n: int = 5) -> dict[str, float]:
+    """An item's `other_labels`: `n` distractors (as many as there are, if fewer), each fixed 0 (non-private) or
+    1 (private), with the item's own label (0.5) at a random position among them."""
+    others = [x for x in labels if x != label]
+    flags = {d: rng.randint(0, 1) for d in rng.sample(others, min(n, len(others)))}
+    keys = list(flags)
+    keys.insert(rng.randint(0, len(keys)), label)
+    return {k: flags.get(k, 0.5) for k in keys}
+
+
 def instruction_block(
     label: str,
     is_privacy: int,

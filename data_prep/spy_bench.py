@@ -29,6 +29,23 @@ from data_prep.errors import InputError, check_image, read_text
 from data_prep.spy import SAFE_LABEL, compose_prompt, instruction_block
 
 
+def to_bench_item(item: dict, texts: dict[str, str] | None = None) -> dict:
+    """The SPY-Bench shape of a SPY-Tune item (spy.md §1.3): `gt` instead of the answer pair; with `texts`, the
+    optional `label2text` of its labels, so the bench reads without the category file."""
+    q = item["question_item"]
+    bench = {
+        "benchmark_id": item["benchmark_id"],
+        "label": item["label"],
+        "question_item": {"question_id": q["question_id"], "image_path": q["image_path"],
+                          "question": q["question"], "gt": q["respond_ans"]},
+        "other_labels": item["other_labels"],
+    }
+    if texts is not None:
+        bench["label2text"] = {k: texts[k] for k in item["other_labels"]}
+    return {**bench, "non_privacy_scenarios": item["non_privacy_scenarios"],
+            "privacy_scenarios": item["privacy_scenarios"]}
+
+
 def sample_id(record: dict) -> str:
     """`<benchmark_id>:p<is_privacy>[:<scenario id>]`, unique within a benchmark; also derivable from the
     reference's own result records, which have no id."""

@@ -30,8 +30,10 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from data_prep.categories import CategorySet, as_categories
+from data_prep.categories import as_categories
 from data_prep.errors import InputError
+from data_prep.spy import draw_other_labels
+from data_prep.spy_bench import to_bench_item
 
 COLOURS = {
     "red": (200, 40, 40), "green": (40, 160, 60), "blue": (40, 70, 200), "yellow": (230, 210, 40),
@@ -80,12 +82,6 @@ GENERAL_TEST_QUESTIONS = (
 )
 
 
-def _scenario_entry(cats: CategorySet, scenario_id: str) -> dict:
-    s = cats.scenarios[scenario_id]
-    entry = {"scenario": scenario_id, "2nd_person_template": s.second_person}
-    return {**entry, "3rd_person_template": s.third_person} if s.third_person is not None else entry
-
-
 def scenario_pools(seed: int, categories=None) -> dict[str, tuple[list[str], list[str]]]:
     """label -> (conflict scenarios, privacy scenarios): those that need it, and its privacy scenarios."""
     cats = as_categories(categories)
@@ -131,14 +127,9 @@ def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int
         image_id = f"{split}_{n:06d}"
         colour = rng.choice(list(COLOURS))
         draw_image(rng, colour, image_size).save(out / "images" / split / f"{image_id}.png")
-        others = [x for x in labels if x != label]
-        distractors = rng.sample(others, min(5, len(others)))  # five, as SPY, when the file has them
-        other_labels = {d: rng.randint(0, 1) for d in distractors}
-        keys = list(other_labels)
-        keys.insert(rng.randint(0, len(distractors)), label)
-        other_labels = {k: other_labels.get(k, 0.5) for k in keys}
+        other_labels = draw_other_labels(rng, label, labels)  # five, as SPY, when the file has them
         conflict, privacy = pools[label]
-        privacy_scenarios = [_scenario_entry(cats, rng.choice(privacy))] if privacy else []
+        privacy_scenarios = [cats.item_scenario(rng.choice(privacy))] if privacy else []
         items.append({
             "benchmark_id": f"{'1' if split == 'train' else '2'}{n:07d}",
             "label": label,
@@ -152,7 +143,7 @@ def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int
                 "respond_ans": rng.choice(RESPOND_TEMPLATES).format(t=t, c=colour),
                 "reject_ans": rng.choice(REFUSAL_TEMPLATES).format(t=t),
             },
-            "non_privacy_scenarios": [_scenario_entry(cats, rng.choice(conflict))] if conflict else [],
+            "non_privacy_scenarios": [cats.item_scenario(rng.choice(conflict))] if conflict else [],
             "privacy_scenarios": privacy_scenarios,
             "chosen_scenarios": privacy_scenarios,
         })
@@ -175,20 +166,6 @@ def make_general(split: str, n: int, seed: int, out: Path, image_size: int = 56)
         items.append({"id": f"general_{split}_{i:06d}", "image_path": image_path, "question": question,
                       "answer": colour})
     return items
-
-
-def to_bench_item(item: dict) -> dict:
-    """The SPY-Bench shape of a SPY-Tune item (spy.md §1.3): `gt` instead of the answer pair."""
-    q = item["question_item"]
-    return {
-        "benchmark_id": item["benchmark_id"],
-        "label": item["label"],
-        "question_item": {"question_id": q["question_id"], "image_path": q["image_path"],
-                          "question": q["question"], "gt": q["respond_ans"]},
-        "other_labels": item["other_labels"],
-        "non_privacy_scenarios": item["non_privacy_scenarios"],
-        "privacy_scenarios": item["privacy_scenarios"],
-    }
 
 
 def write_json(path: Path, obj) -> None:

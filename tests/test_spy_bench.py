@@ -8,8 +8,7 @@ import pytest
 from PIL import Image
 
 from data_prep.errors import InputError
-from data_prep.spy_bench import build_samples, expand_item, load_items, sample_id
-from data_prep.synthetic import to_bench_item
+from data_prep.spy_bench import build_samples, expand_item, load_items, sample_id, to_bench_item
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "spy_data"
 
