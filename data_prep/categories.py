@@ -235,8 +235,9 @@ class _Reader:
 _SCENARIO_KEYS = ("name", "2nd_person_template", "3rd_person_template", "type", "description", "needs")
 
 
-def _scenario(r: _Reader, sid: str, entry, line, field) -> Scenario:
-    entry = r.mapping(entry, line, field, required=("name", "2nd_person_template"), optional=_SCENARIO_KEYS[2:])
+def _scenario(r: _Reader, sid: str, entry, line, field, extra_keys=()) -> Scenario:
+    entry = r.mapping(entry, line, field, required=("name", "2nd_person_template"),
+                      optional=(*_SCENARIO_KEYS[2:], *extra_keys))
     needs = r.strings(entry, "needs", f"{field}.needs")
     return Scenario(id=sid, name=r.text(entry, "name", f"{field}.name"),
                     second_person=r.text(entry, "2nd_person_template", f"{field}.2nd_person_template", placeholder=True),
@@ -281,7 +282,7 @@ def parse(path) -> CategorySet:
     r.mapping(raw, doc.key_lines["categories"], "categories", optional=tuple(raw or ()))
     if not raw:
         r.fail(doc.key_lines["categories"], "categories", "no categories")
-    categories, extra_needs = {}, {}
+    categories, refs = {}, []  # refs: (category, "conflict" | "privacy", scenario id, line), checked at the end
     for cid, entry in raw.items():
         line, field = raw.key_lines[cid], f"categories.{cid}"
         r.identifier(cid, line, "categories")
@@ -291,63 +292,49 @@ def parse(path) -> CategorySet:
         if not isinstance(absolute, bool):
             r.fail(entry.key_lines["absolute"], f"{field}.absolute", "expected true or false")
         privacy = None
-        if "scenarios" in entry:
-            own = r.mapping(entry["scenarios"], entry.key_lines["scenarios"], f"{field}.scenarios",
-                            optional=("conflict", "privacy"))
-            for kind in ("conflict", "privacy"):
-                listed = own.get(kind)
-                if listed is None:
-                    continue
-                if not isinstance(listed, list):
-                    r.fail(own.key_lines[kind], f"{field}.scenarios.{kind}", "expected a list")
-                ids = []
-                for item, item_line in zip(listed, listed.item_lines):
-                    where = f"{field}.scenarios.{kind}"
-                    if isinstance(item, dict):  # a new scenario, written inline
-                        sid = r.identifier(item.get("id"), item_line, f"{where}.id")
-                        inline = {k: v for k, v in item.items() if k != "id"}
-                        inline = _Map(inline)
-                        inline.line, inline.key_lines = item.line, {k: v for k, v in item.key_lines.items() if k != "id"}
-                        scenario = _scenario(r, sid, inline, item_line, f"{where}.{sid}")
-                        if sid in scenarios and scenarios[sid] != scenario:
-                            r.fail(item_line, f"{where}.id", f"{sid} is already defined differently")
-                        scenarios[sid] = scenario
-                    else:
-                        sid = r.identifier(item, item_line, where)
-                    ids.append((sid, item_line))
-                if kind == "conflict":
-                    extra_needs.update({(sid, cid): ln for sid, ln in ids})
+        own = r.mapping(entry["scenarios"] if "scenarios" in entry else _Map(), entry.key_lines.get("scenarios", line),
+                        f"{field}.scenarios", optional=("conflict", "privacy"))
+        for kind, listed in own.items():
+            where = f"{field}.scenarios.{kind}"
+            if listed is None:
+                continue
+            if not isinstance(listed, list):
+                r.fail(own.key_lines[kind], where, "expected a list")
+            ids = []
+            for item, item_line in zip(listed, listed.item_lines):
+                if isinstance(item, dict):  # a new scenario, written inline
+                    sid = r.identifier(item.get("id"), item_line, f"{where}.id")
+                    scenario = _scenario(r, sid, item, item_line, f"{where}.{sid}", extra_keys=("id",))
+                    if sid in scenarios and scenarios[sid] != scenario:
+                        r.fail(item_line, f"{where}.id", f"{sid} is already defined differently")
+                    scenarios[sid] = scenario
                 else:
-                    privacy = tuple(sid for sid, _ in ids)
-                    privacy_lines = dict(ids)
+                    sid = r.identifier(item, item_line, where)
+                ids.append(sid)
+                refs.append((cid, kind, sid, item_line))
+            if kind == "privacy":
+                privacy = tuple(ids)
         categories[cid] = Category(
             id=cid, name=r.text(entry, "name", f"{field}.name"), definition=r.text(entry, "definition",
                                                                                      f"{field}.definition"),
             absolute=absolute, example_questions=r.strings(entry, "example_questions", f"{field}.example_questions"),
             privacy_scenarios=privacy)
-        if privacy is not None:
-            for sid in privacy:
-                if sid not in scenarios and sid not in raw_scenarios:
-                    r.fail(privacy_lines[sid], f"{field}.scenarios.privacy", f"unknown scenario {sid}")
 
-    # a category's own conflict list adds it to those scenarios' needs
-    for (sid, cid), line in extra_needs.items():
+    for sid, entry in raw_scenarios.items():
+        needs = entry.get("needs")
+        for label, line in zip(needs or (), getattr(needs, "item_lines", ())):
+            if label not in categories:
+                r.fail(line, f"scenarios.{sid}.needs", f"unknown category {label}")
+    for cid, kind, sid, line in refs:
         if sid not in scenarios:
-            r.fail(line, f"categories.{cid}.scenarios.conflict", f"unknown scenario {sid}")
-        if cid not in scenarios[sid].needs:
+            r.fail(line, f"categories.{cid}.scenarios.{kind}", f"unknown scenario {sid}")
+        if kind == "conflict" and cid not in scenarios[sid].needs:  # the category's own list adds it to the needs
             s = scenarios[sid]
             scenarios[sid] = Scenario(**{**s.__dict__, "needs": (*s.needs, cid)})
-    for sid, s in scenarios.items():
-        if sid in raw_scenarios:
-            needs = raw_scenarios[sid].get("needs", _Seq())
-            for label, line in zip(needs, getattr(needs, "item_lines", [])):
-                if label not in categories:
-                    r.fail(line, f"scenarios.{sid}.needs", f"unknown category {label}")
-    for c in categories.values():
-        for sid in c.privacy_scenarios or ():
-            if c.id in scenarios[sid].needs:
-                r.fail(raw[c.id].line, f"categories.{c.id}.scenarios.privacy",
-                       f"{sid} needs {c.id}, so it is a conflict scenario for it, not a privacy one")
+    for cid, kind, sid, line in refs:
+        if kind == "privacy" and cid in scenarios[sid].needs:
+            r.fail(line, f"categories.{cid}.scenarios.privacy",
+                   f"{sid} needs {cid}, so it is a conflict scenario for it, not a privacy one")
     return CategorySet(source=str(path), categories=categories, scenarios=scenarios, templates=templates,
                        digest=hashlib.sha256(text.encode("utf-8")).hexdigest())
 

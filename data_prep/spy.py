@@ -32,11 +32,6 @@ def is_abs(label: str, categories=None) -> bool:
     return label in as_categories(categories).absolute_labels()
 
 
-def label_sort_key(label: str, categories=None) -> tuple:
-    """a2 before a10, as the reference orders per-label results; other ids after them (CategorySet.label_order)."""
-    return as_categories(categories).label_order(label)
-
-
 def draw_other_labels(rng, label: str, labels, n: int = 5) -> dict[str, float]:
     """An item's `other_labels`: `n` distractors (as many as there are, if fewer), each fixed 0 (non-private) or
     1 (private), with the item's own label (0.5) at a random position among them."""
