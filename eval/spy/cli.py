@@ -47,11 +47,21 @@ SUMMARY_COLUMNS = ["model", "total", "exceptions", "accuracy", "abs_accuracy", "
 BACKEND_OPTIONS = {
     "hf": ("max_new_tokens", "batch_size", "dtype", "device", "min_pixels", "max_pixels", "trust_remote_code"),
     "vllm": ("max_new_tokens", "dtype", "min_pixels", "max_pixels", "trust_remote_code", "tensor_parallel_size",
-             "data_parallel_size", "max_model_len"),
+             "data_parallel_size", "max_model_len", "gpu_memory_utilization", "kv_cache_gib", "enforce_eager",
+             "chunk_size"),
     "openai": ("max_new_tokens", "base_url", "api_key_env", "concurrency", "max_retries", "timeout"),
 }
 # The options that change answers: a run file records them and a resume must use the same.
 ANSWER_OPTIONS = ("max_new_tokens", "dtype", "min_pixels", "max_pixels")
+
+
+def answer_settings(backend: str, options: dict, generator=None) -> dict:
+    """The ANSWER_OPTIONS a run header records, with the dtype the backend actually runs in."""
+    from eval.backends import resolved_dtype
+
+    dtype = generator.dtype if generator is not None else resolved_dtype(backend, options.get("dtype"),
+                                                                          options.get("device"))
+    return {**{k: options.get(k) for k in ANSWER_OPTIONS}, "dtype": dtype}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -100,7 +110,7 @@ def generate(items, images, out, model=None, backend: str = "hf", distractors: b
     samples = build_samples(items, images_dir=images, distractors=distractors, categories=cats)
     samples = samples[:limit] if limit else samples
     header = {"step": "spy generate", "model": str(model) if generator is None else generator.name,
-              "backend": backend, "distractors": distractors, **{k: options.get(k) for k in ANSWER_OPTIONS},
+              "backend": backend, "distractors": distractors, **answer_settings(backend, options, generator),
               **categories_header(cats)}
     _check_run_matches(out, samples, header, new_run)
     own = generator is None
@@ -125,7 +135,7 @@ def self_moderate(run, images, out, model=None, backend: str = "hf", generator=N
     check_outputs([run], [out])
     records = load_answered(run, images)
     header = {"step": "spy self-moderate", "model": str(model) if generator is None else generator.name,
-              "backend": backend, **{k: options.get(k) for k in ANSWER_OPTIONS}}
+              "backend": backend, **answer_settings(backend, options, generator)}
     RunFile(out, header=header, new_run=new_run)  # refuses another run's file before the model loads
     own = generator is None
     generator = generator or load_generator(backend, model, **options)
@@ -319,8 +329,17 @@ def _add_backend_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--trust-remote-code", action="store_true", default=None,
                        help="hf/vllm: run the model repository's own code (off by default)")
     group.add_argument("--tensor-parallel-size", type=int_at_least(1), help="vllm")
-    group.add_argument("--data-parallel-size", type=int_at_least(1), help="vllm: engine replicas")
-    group.add_argument("--max-model-len", type=int_at_least(1), help="vllm (default 4096)")
+    group.add_argument("--data-parallel-size", type=int_at_least(1),
+                       help="vllm: engines, one per process: run under `accelerate launch --num_processes N`")
+    group.add_argument("--max-model-len", type=int_at_least(1),
+                       help="vllm (default 4096); a longer prompt is that sample's error")
+    group.add_argument("--gpu-memory-utilization", type=positive_float,
+                       help="vllm: share of GPU memory (on CPU: of RAM) for weights and KV cache (default 0.9)")
+    group.add_argument("--kv-cache-gib", type=positive_float, help="vllm: KV cache size in GiB (what to set on CPU)")
+    group.add_argument("--enforce-eager", action="store_true", default=None,
+                       help="vllm: no torch.compile / CUDA graphs (faster start, slower generation)")
+    group.add_argument("--chunk-size", type=int_at_least(1),
+                       help="vllm: requests per engine call; results are written after each (default 1024)")
     group.add_argument("--base-url", help="openai: the server's /v1 URL (default: the OpenAI API)")
     group.add_argument("--api-key-env", help="openai: environment variable holding the API key (OPENAI_API_KEY)")
     group.add_argument("--concurrency", type=int_at_least(1), help="openai: requests in flight (default 8)")
