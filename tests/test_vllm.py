@@ -46,6 +46,15 @@ def env(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny Qwen2-VL as `python -m train.tiny_model DIR` builds it (the demo's size: vLLM's CPU attention has no
+    kernel for the test fixture's head_dim 16)."""
+    from train.tiny_model import DEMO_CONFIG, build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-vllm"), **DEMO_CONFIG)
+
+
+@pytest.fixture(scope="module")
 def items(synthetic_dir, tmp_path_factory):
     """The synthetic items with one non-privacy scenario made long: exactly one sample over MAX_LEN."""
     data = json.loads((synthetic_dir / "questions.json").read_text())
@@ -56,10 +65,10 @@ def items(synthetic_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def penalised_model(tiny_model_dir, tmp_path_factory):
+def penalised_model(tiny, tmp_path_factory):
     """The tiny model with `repetition_penalty: 1.2` in its generation_config.json (changes answers)."""
     folder = tmp_path_factory.mktemp("tiny-penalised") / "model"
-    shutil.copytree(tiny_model_dir, folder)
+    shutil.copytree(tiny, folder)
     config = json.loads((folder / "generation_config.json").read_text())
     (folder / "generation_config.json").write_text(json.dumps({**config, "repetition_penalty": 1.2}))
     return folder
@@ -74,8 +83,8 @@ def hf_answers(items, images, model, out) -> dict:
 
 
 @pytest.fixture(scope="module")
-def hf(items, synthetic_dir, tiny_model_dir, tmp_path_factory):
-    return hf_answers(items, synthetic_dir, tiny_model_dir, tmp_path_factory.mktemp("hf") / "run.jsonl")
+def hf(items, synthetic_dir, tiny, tmp_path_factory):
+    return hf_answers(items, synthetic_dir, tiny, tmp_path_factory.mktemp("hf") / "run.jsonl")
 
 
 def spy_generate(items, images, model, out, *extra) -> list[str]:
@@ -85,18 +94,20 @@ def spy_generate(items, images, model, out, *extra) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def offline(items, synthetic_dir, tiny_model_dir, env, tmp_path_factory):
+def offline(items, synthetic_dir, tiny, env, tmp_path_factory):
     """One vllm run killed (SIGKILL, engine and all) after its first results are written, then resumed."""
     out = tmp_path_factory.mktemp("vllm-offline") / "run.jsonl"
-    argv = spy_generate(items, synthetic_dir, tiny_model_dir, out)
-    first = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+    argv = spy_generate(items, synthetic_dir, tiny, out)
+    log = out.with_name("killed.log")
+    with open(log, "w") as sink:  # a file, not a pipe nobody reads: vLLM logs more than a pipe holds
+        first = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
     deadline = time.time() + 600
     while time.time() < deadline and first.poll() is None:
         if out.exists() and len(out.read_text().splitlines()) >= 3:  # the header and two finished samples
             break
         time.sleep(0.02)
-    assert first.poll() is None, first.stdout.read().decode()[-3000:]
+    assert first.poll() is None, log.read_text()[-3000:]
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     killed_at = len(read_jsonl(out))
@@ -132,12 +143,12 @@ def test_vllm_killed_and_resumed_loses_and_duplicates_nothing(offline, hf):
 
 
 @needs_vllm
-def test_vllm_two_processes_write_the_one_process_file(items, synthetic_dir, tiny_model_dir, env, offline, tmp_path):
+def test_vllm_two_processes_write_the_one_process_file(items, synthetic_dir, tiny, env, offline, tmp_path):
     """`accelerate launch` (2 CPU processes): one engine each, half the samples each, the one-process file."""
     out = tmp_path / "run.jsonl"
     launch = [str(VLLM_PY), "-m", "accelerate.commands.launch", "--config_file",
               str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), "--main_process_port", str(free_port())]
-    argv = spy_generate(items, synthetic_dir, tiny_model_dir, out, "--data-parallel-size", "2")
+    argv = spy_generate(items, synthetic_dir, tiny, out, "--data-parallel-size", "2")
     result = subprocess.run([*launch, *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert out.read_text() == offline["path"].read_text()
@@ -146,8 +157,8 @@ def test_vllm_two_processes_write_the_one_process_file(items, synthetic_dir, tin
 
 
 @needs_vllm
-def test_vllm_refuses_more_engines_than_processes(items, synthetic_dir, tiny_model_dir, env, tmp_path):
-    argv = spy_generate(items, synthetic_dir, tiny_model_dir, tmp_path / "run.jsonl", "--data-parallel-size", "2")
+def test_vllm_refuses_more_engines_than_processes(items, synthetic_dir, tiny, env, tmp_path):
+    argv = spy_generate(items, synthetic_dir, tiny, tmp_path / "run.jsonl", "--data-parallel-size", "2")
     result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "accelerate launch --num_processes 2" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "run.jsonl").exists()
@@ -155,11 +166,11 @@ def test_vllm_refuses_more_engines_than_processes(items, synthetic_dir, tiny_mod
 
 @needs_vllm
 def test_suite_spy_section_on_vllm_applies_the_generation_config_like_hf(
-        synthetic_dir, penalised_model, tiny_model_dir, env, hf, tmp_path):
+        synthetic_dir, penalised_model, tiny, env, hf, tmp_path):
     """The suite with `backend: vllm` on a checkpoint whose generation_config.json sets repetition_penalty: its
     answers are hf's with that config, which differ from the answers without it."""
     penalised = hf_answers(synthetic_dir / "questions.json", synthetic_dir, penalised_model, tmp_path / "hf.jsonl")
-    plain = hf_answers(synthetic_dir / "questions.json", synthetic_dir, tiny_model_dir, tmp_path / "plain.jsonl")
+    plain = hf_answers(synthetic_dir / "questions.json", synthetic_dir, tiny, tmp_path / "plain.jsonl")
     assert sum(penalised[k] != plain[k] for k in plain) >= 10  # the config changes answers
     config = tmp_path / "suite.yaml"
     config.write_text(json.dumps({
@@ -191,12 +202,12 @@ def test_vllm_refuses_a_generation_config_it_cannot_apply(tiny_model_dir, tmp_pa
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, env, tmp_path_factory):
+def server(tiny, env, tmp_path_factory):
     """`vllm serve` of the tiny model (float32, eager), its /v1 URL; stopped after the module."""
     port = free_port()
     log = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
     with open(log, "w") as sink:
-        proc = subprocess.Popen([str(VLLM_VENV / "bin" / "vllm"), "serve", str(tiny_model_dir), "--served-model-name",
+        proc = subprocess.Popen([str(VLLM_VENV / "bin" / "vllm"), "serve", str(tiny), "--served-model-name",
                                  "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
                                  "--max-model-len", "2048", "--kv-cache-memory-bytes", str(2**30),
                                  "--enforce-eager", "--limit-mm-per-prompt", '{"image": 1}'],
