@@ -583,6 +583,9 @@ def verify(out: Path, cats: CategorySet, train: bool, test: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from data_prep.secrets import guard_streams
+
+    guard_streams()  # nothing printed holds a key
     parser = argparse.ArgumentParser(prog="python -m data_prep.generate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--categories", required=True, help="the category file (YAML; data_prep/categories.py)")
