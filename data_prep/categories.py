@@ -152,7 +152,7 @@ def template_problem(value) -> str | None:
 
     if not isinstance(value, str):
         return "expected a string"
-    want = "exactly one {} (where the question or the category goes)"
+    want = "a string with one {} slot (where the question or the category goes)"
     try:
         fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(value) if name is not None]
     except ValueError as err:

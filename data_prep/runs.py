@@ -299,10 +299,12 @@ def check_outputs(inputs: Iterable, outputs: Iterable, folders: Iterable = ()) -
 MARKER = ".privacy-align-output"  # in an output folder: the command that made it (its files are that command's)
 
 
-def claim_folder(folder, command: str) -> None:
+def claim_folder(folder, command: str, own: Iterable[str] = ()) -> None:
     """Refuse an output folder that holds files this command did not write there: it must be missing, empty, or
-    made by the same command (its MARKER says so; a rerun replaces its own files). Call after the other checks;
+    made by the same command (its MARKER says so; a rerun replaces its own files), or hold only entries named in
+    `own` (what the command builds there and reuses, e.g. the demo's tiny model). Call after the other checks;
     the marker is written at once, so a killed run's folder is still recognised."""
+    own = set(own)
     folder = Path(folder)
     marker = folder / MARKER
     if folder.is_dir():
@@ -311,8 +313,8 @@ def claim_folder(folder, command: str) -> None:
         except (OSError, ValueError, AttributeError):
             owner = None
         if owner != command:
-            foreign = next((p for p in sorted(folder.iterdir()) if p.name != MARKER and not locks.is_lock_file(p)),
-                           None)
+            foreign = next((p for p in sorted(folder.iterdir())
+                            if p.name != MARKER and p.name not in own and not locks.is_lock_file(p)), None)
             if foreign is not None:
                 made = f"made by {owner}" if owner else "not made by this command"
                 raise InputError(folder, None, None, f"holds files {made} (e.g. {foreign.name}); an output folder "

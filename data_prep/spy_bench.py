@@ -26,6 +26,7 @@ from pathlib import Path
 
 from data_prep.categories import as_categories, template_problem
 from data_prep.errors import InputError, check_image, read_text
+from data_prep.paths import inside
 from data_prep.spy import SAFE_LABEL, compose_prompt, instruction_block
 
 
@@ -142,7 +143,8 @@ def check_item(item, where, path, distractors: bool, images_dir=None, categories
         if not isinstance(question.get(field), str) or not question[field]:
             fail(f"question_item.{field}", "missing or not a string")
     if images_dir is not None:
-        check_image(Path(images_dir) / question["image_path"], where, "question_item.image_path", source=path)
+        check_image(inside(images_dir, question["image_path"], path, where, "question_item.image_path"), where,
+                    "question_item.image_path", source=path)
     templates = item.get("instruct_templates", cats.templates)
     if (not isinstance(templates, (list, tuple)) or len(templates) != 2
             or any(template_problem(t) for t in templates)):

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from data_prep import spy
 from data_prep.categories import CategorySet, as_categories, template_problem
 from data_prep.errors import InputError, check_image, read_json
+from data_prep.paths import inside
 
 if TYPE_CHECKING:
     import datasets
@@ -151,7 +152,7 @@ def check_item(item, path, where, label_texts: dict[str, str], image_folder: Pat
                 fail(f"{kind}[{n}].scenario", problem)
             if problem := template_problem(scenario.get("2nd_person_template")):
                 fail(f"{kind}[{n}].2nd_person_template", problem)
-    image = image_folder / q["image_path"]
+    image = inside(image_folder, q["image_path"], path, where, "question_item.image_path")
     if image not in decoded:
         check_image(image, where, "question_item.image_path", source=path)
         decoded.add(image)
@@ -251,7 +252,7 @@ def general_rows(path, image_folder) -> list[dict]:
         for field in ("image_path", "question", "answer"):
             if not isinstance(item, dict) or _text_problem(item, field):
                 raise InputError(path, f"record {n}", field, "expected a non-empty string")
-        image = Path(image_folder) / item["image_path"]
+        image = inside(image_folder, item["image_path"], path, f"record {n}", "image_path")
         if image not in decoded:
             check_image(image, f"record {n}", "image_path", source=path)
             decoded.add(image)
@@ -287,7 +288,7 @@ def build_dataset(
     builder = helpful_rows if helpful else ROW_BUILDERS[method]
     rows = []
     for item in items:
-        image = str(Path(image_folder) / item["question_item"]["image_path"])
+        image = str(inside(image_folder, item["question_item"]["image_path"], data_path))
         for row in builder(item, texts, add_distractors, cats):
             rows.append({"images": [image], **row, "p_label": item["label"]})
     if general_path:

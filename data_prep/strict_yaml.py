@@ -43,7 +43,7 @@ def _mapping(loader, node):
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         if key in key_lines:  # merged (`<<`) keys come first and may be overridden; a key written twice may not
-            raise InputError(loader.name, key_node.start_mark.line + 1, key, "appears twice in this mapping")
+            raise InputError(loader.name, key_node.start_mark.line + 1, key, "appears twice")
         try:
             result[key] = loader.construct_object(value_node, deep=True)
         except TypeError:
@@ -103,7 +103,7 @@ def parse(text: str, path) -> object:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         raise InputError(path, mark.line + 1 if mark else None, None,
-                         f"not valid YAML ({getattr(err, 'problem', None) or err})") from None
+                         f"not YAML ({getattr(err, 'problem', None) or err})") from None
     except RecursionError:
         raise InputError(path, None, None, "nested too deeply") from None
     finally:

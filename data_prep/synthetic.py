@@ -230,6 +230,10 @@ def main(argv: list[str] | None = None) -> None:
             if getattr(args, name) < 1:
                 raise InputError("command line", None, f"--{name.replace('_', '-')}",
                                  f"must be at least 1, got {getattr(args, name)}")
+        try:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # under a file, or no permission
+            raise InputError(args.out, None, "--out", f"cannot create the folder ({err.strerror})") from None
         check_outputs([args.categories], [], [args.out])
         claim_folder(args.out, "data_prep.synthetic")  # a user's folder is not ours to write into
     except InputError as err:

@@ -26,7 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from data_prep import strict_yaml
 from data_prep.errors import InputError
 from data_prep.runs import claim_folder, write_json, write_text
@@ -65,7 +64,8 @@ def open_out(out: Path, kind: str, settings: dict) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # under a file, or no permission
         raise InputError(out, None, "--out", f"cannot create the folder ({err.strerror})") from None
-    claim_folder(out, f"train.{kind}")  # a folder of the user's files is refused
+    # a folder of the user's files is refused; the tiny model and the data may be there already (built once)
+    claim_folder(out, f"train.{kind}", own=("tiny-qwen2vl", "synthetic-spy-tune", f"{kind}_config.json"))
     config = out / f"{kind}_config.json"
     if config.exists() and json.loads(config.read_text()) != settings:
         raise InputError(config, None, None, f"a {kind} run with other settings is here; use another --out or delete it")

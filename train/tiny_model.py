@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from data_prep.errors import InputError
 from train.common import run
 
 ASSETS = Path(__file__).parent / "assets"
@@ -254,6 +253,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from data_prep.runs import check_outputs, claim_folder
 
+    try:
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # under a file, or no permission
+        raise InputError(args.out_dir, None, "out_dir", f"cannot create the folder ({err.strerror})") from None
     check_outputs([], [], [args.out_dir])
     claim_folder(args.out_dir, "train.tiny_model")  # a folder of the user's files is refused
     out = build_tiny_model(args.out_dir, family=args.family, hidden=args.hidden, layers=args.layers,
