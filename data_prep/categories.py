@@ -152,7 +152,7 @@ def template_problem(value) -> str | None:
 
     if not isinstance(value, str):
         return "expected a string"
-    want = "a string with one {} slot (where the question or the category goes)"
+    want = "a string with one {} slot"
     try:
         fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(value) if name is not None]
     except ValueError as err:
@@ -161,7 +161,7 @@ def template_problem(value) -> str | None:
         if name or spec or conv:
             return f"expected {want}; {{{name}{'!' + conv if conv else ''}{':' + spec if spec else ''}}} is a field generation cannot fill"
     if len(fields) != 1:
-        return f"expected {want}, found {len(fields)}"
+        return f"expected {want}"
     return None
 
 

@@ -38,12 +38,15 @@ class _Loader(yaml.SafeLoader):
 
 
 def _mapping(loader, node):
-    loader.flatten_mapping(node)
-    result, key_lines = Map(), {}
+    written = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
+    loader.flatten_mapping(node)  # merged (`<<`) pairs come first, and the keys written here may override them
+    result, key_lines, explicit = Map(), {}, set()
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
-        if key in key_lines:  # merged (`<<`) keys come first and may be overridden; a key written twice may not
+        if key in explicit and id(key_node) in written:
             raise InputError(loader.name, key_node.start_mark.line + 1, key, "appears twice")
+        if id(key_node) in written:
+            explicit.add(key)
         try:
             result[key] = loader.construct_object(value_node, deep=True)
         except TypeError:
