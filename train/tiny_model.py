@@ -251,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vision-embed", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    from data_prep.errors import InputError
     from data_prep.runs import check_outputs, claim_folder
 
     try:
