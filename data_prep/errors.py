@@ -66,12 +66,29 @@ def not_regular(path) -> None:
         raise InputError(path, None, None, f"is {kind}, not a regular file; refused (it could block or never end)")
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs):
+    """A JSON object whose keys are distinct (json keeps the last of two silently, as PyYAML does)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return obj
+
+
 def read_json(path):
-    """A whole JSON file; a missing file or bad JSON raises InputError naming the file (and the line)."""
+    """A whole JSON file; a missing file, bad JSON or a key given twice in one object raises InputError naming the
+    file (and the line)."""
+    text = read_text(path)
     try:
-        return json.loads(read_text(path))
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
         raise InputError(path, err.lineno, None, f"not valid JSON ({err.msg})") from None
+    except _DuplicateKey as err:
+        raise InputError(path, None, str(err), "appears twice in one object") from None
 
 
 def read_text(path) -> str:

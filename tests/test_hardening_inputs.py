@@ -554,3 +554,12 @@ def test_a_large_category_file_is_checked_in_linear_time(tmp_path):
 
     small, large = timed(1000), timed(8000)
     assert large < 20 * small + 1, (small, large)  # quadratic would be 64 times
+
+
+def test_a_json_config_with_a_key_given_twice_is_refused(tmp_path):
+    from data_prep.errors import read_json
+
+    path = tmp_path / "label2text.json"
+    path.write_text('{"a1": "x", "a1": "y"}')
+    with pytest.raises(InputError, match=r"label2text\.json: a1: appears twice in one object"):
+        read_json(path)
