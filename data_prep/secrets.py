@@ -121,8 +121,23 @@ class _Redacting(io.TextIOBase):
 
 
 def guard_streams() -> None:
-    """Redact everything printed from now on (stdout, stderr: prints, logging, tqdm, tracebacks); idempotent."""
+    """Redact everything printed from now on (stdout, stderr: prints, logging, tqdm, tracebacks); idempotent.
+    Log handlers that libraries made before (transformers keeps its own stderr handler) are pointed at the
+    redacting streams too."""
+    import logging
+
+    wrapped = {}
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, _Redacting):
             setattr(sys, name, _Redacting(stream))
+            wrapped[id(stream)] = getattr(sys, name)
+    if not wrapped:
+        return
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            stream = getattr(handler, "stream", None)
+            if isinstance(handler, logging.StreamHandler) and id(stream) in wrapped:
+                handler.setStream(wrapped[id(stream)])

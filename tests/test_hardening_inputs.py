@@ -225,13 +225,15 @@ def test_wandb_config_is_redacted(monkeypatch):
 
 
 def test_tracebacks_and_logs_are_redacted(tmp_path):
-    code = ("import logging, os; from data_prep import log; log.setup(); "
+    code = ("import logging, os, sys; early = logging.getLogger('lib'); early.addHandler(logging.StreamHandler()); "
+            "from data_prep import log; log.setup(); early.warning('lib %s', os.environ['OPENAI_API_KEY']); "
             "logging.getLogger('eval.x').warning('key %s', os.environ['OPENAI_API_KEY']); "
             "print('out', os.environ['OPENAI_API_KEY']); raise RuntimeError(os.environ['OPENAI_API_KEY'])")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": CANARY})
     assert proc.returncode == 1 and "RuntimeError: <redacted OPENAI_API_KEY>" in proc.stderr
     assert "warning: key <redacted" in proc.stderr and "out <redacted" in proc.stdout
+    assert "lib <redacted" in proc.stderr  # a library's handler made before the guard is redacted too
     assert_no_canary(tmp_path, proc.stdout, proc.stderr)
 
 
