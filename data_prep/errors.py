@@ -89,6 +89,8 @@ def read_json(path):
         raise InputError(path, err.lineno, None, f"not valid JSON ({err.msg})") from None
     except _DuplicateKey as err:
         raise InputError(path, None, str(err), "appears twice in one object") from None
+    except RecursionError:
+        raise InputError(path, None, None, "nested too deeply") from None
 
 
 def read_text(path) -> str:

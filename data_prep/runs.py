@@ -40,6 +40,8 @@ def _parse_lines(path, lines, required: Iterable[str] = (), first: int = 1):
             record = json.loads(line)
         except json.JSONDecodeError as err:
             raise InputError(path, lineno, None, f"not valid JSON ({err.msg})") from None
+        except RecursionError:
+            raise InputError(path, lineno, None, "nested too deeply") from None
         if not isinstance(record, dict):
             raise InputError(path, lineno, None, "expected a JSON object")
         if lineno == 1 and list(record) == [HEADER] and isinstance(record[HEADER], dict):

@@ -565,3 +565,15 @@ def test_a_json_config_with_a_key_given_twice_is_refused(tmp_path):
     path.write_text('{"a1": "x", "a1": "y"}')
     with pytest.raises(InputError, match=r"label2text\.json: a1: appears twice in one object"):
         read_json(path)
+
+
+@pytest.mark.parametrize("name,text", [("deep.yaml", "a: " + "[" * 100_000), ("deep.json", "[" * 100_000 + "]" * 100_000),
+                                       ("deep.jsonl", "{\"a\": " + "[" * 100_000 + "]" * 100_000 + "}\n")])
+def test_deeply_nested_input_is_one_line_not_a_crash(tmp_path, name, text):
+    from data_prep.errors import read_json
+
+    path = tmp_path / name
+    path.write_text(text)
+    reader = {"deep.yaml": strict_yaml.load, "deep.json": read_json, "deep.jsonl": read_jsonl}[name]
+    with pytest.raises(InputError, match="nested too deeply|not YAML|not valid JSON"):
+        reader(path)
