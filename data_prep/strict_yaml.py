@@ -19,7 +19,7 @@ import yaml
 
 from data_prep.errors import InputError, read_text
 
-MAX_NODES = 200_000  # far above any real config (the default category file expands to about 2,000)
+MAX_NODES = 200_000  # far above any real config (the default category file: 1,099 nodes, strict_yaml.expanded_size)
 ANY = None  # a schema leaf: any value, checked elsewhere
 
 
