@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
 
-import yaml
-
+from data_prep import strict_yaml
 from data_prep.errors import InputError, read_text
+from data_prep.strict_yaml import Map, check_keys
 
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_FILE = ASSETS / "categories.yaml"
@@ -140,43 +140,29 @@ class CategorySet:
         return out
 
 
-# --- reading, with the line of every mapping, key and list item kept for error messages -----------------------
+# --- reading (data_prep.strict_yaml keeps the line of every mapping, key and list item for errors) --------
 
-class _Map(dict):
-    line = 0
-    key_lines: dict
+_Map = Map
 
 
-class _Seq(list):
-    line = 0
-    item_lines: list
+def template_problem(value) -> str | None:
+    """Why `value` is not a template that `value.format(x)` fills as generation will, or None: exactly one bare
+    `{}` field; `{x}`, `{0}`, `{:>9}`, `{!r}` and stray braces are refused (`{{ }}` are literal braces)."""
+    import string
 
-
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-def _mapping(loader, node):
-    loader.flatten_mapping(node)
-    result, key_lines = _Map(), {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in result:
-            raise InputError(loader.name, key_node.start_mark.line + 1, key, "appears twice")
-        result[key] = loader.construct_object(value_node, deep=True)
-        key_lines[key] = key_node.start_mark.line + 1
-    result.line, result.key_lines = node.start_mark.line + 1, key_lines
-    return result
-
-
-def _sequence(loader, node):
-    result = _Seq(loader.construct_object(child, deep=True) for child in node.value)
-    result.line, result.item_lines = node.start_mark.line + 1, [c.start_mark.line + 1 for c in node.value]
-    return result
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _sequence)
+    if not isinstance(value, str):
+        return "expected a string"
+    want = "a string with one {} slot"
+    try:
+        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(value) if name is not None]
+    except ValueError as err:
+        return f"expected {want}; {err}"
+    for name, spec, conv in fields:
+        if name or spec or conv:
+            return f"expected {want}; {{{name}{'!' + conv if conv else ''}{':' + spec if spec else ''}}} is a field generation cannot fill"
+    if len(fields) != 1:
+        return f"expected {want}"
+    return None
 
 
 class _Reader:
@@ -191,10 +177,9 @@ class _Reader:
     def mapping(self, value, line, field, required=(), optional=()) -> _Map:
         if not isinstance(value, dict):
             self.fail(line, field, "expected a mapping")
-        for key in value:
-            if key not in (*required, *optional):
-                self.fail(value.key_lines[key], f"{field}.{key}" if field else key,
-                          f"unknown key; expected one of {', '.join((*required, *optional))}")
+        known = {*required, *optional}  # a set: a file of 20,000 categories is checked in linear time
+        if any(key not in known for key in value):
+            check_keys(self.path, value, known, field)
         for key in required:
             if key not in value:
                 self.fail(line, f"{field}.{key}" if field else key, "missing")
@@ -207,8 +192,8 @@ class _Reader:
             return None
         if not isinstance(value, str) or not value.strip():
             self.fail(line, field, "expected a non-empty string")
-        if placeholder and value.count("{}") != 1:
-            self.fail(line, field, "expected exactly one {} (where the question or the category goes)")
+        if placeholder and (problem := template_problem(value)):
+            self.fail(line, field, problem)
         if not placeholder and ("{" in value or "}" in value):
             self.fail(line, field, "braces are not allowed here (the text is formatted into templates)")
         return value
@@ -253,16 +238,7 @@ def parse(path) -> CategorySet:
     path = Path(path)
     r = _Reader(path)
     text = read_text(path)
-    try:
-        loader = _Loader(text)
-        loader.name = str(path)  # for the duplicate-key error
-        try:
-            doc = loader.get_single_data()
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        r.fail(mark.line + 1 if mark else None, None, f"not YAML ({getattr(err, 'problem', None) or err})")
+    doc = strict_yaml.parse(text, path)
     doc = r.mapping(doc, 1, "", required=("categories",), optional=("instruction_templates", "scenarios"))
 
     templates = DEFAULT_TEMPLATES
@@ -365,6 +341,9 @@ def default_categories() -> CategorySet:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from data_prep.secrets import guard_streams
+
+    guard_streams()  # nothing printed holds a key
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file", nargs="?", default=str(DEFAULT_FILE))
     args = parser.parse_args(argv)

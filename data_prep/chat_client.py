@@ -132,6 +132,9 @@ class ChatClient:
         self._api_key()  # fail before any work when the key is missing
 
     def _api_key(self) -> str:
+        from data_prep.secrets import register
+
+        register(self.api_key_env)  # its value is redacted from every file written and every line printed
         key = os.environ.get(self.api_key_env)
         if key:
             return key

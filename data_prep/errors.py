@@ -48,12 +48,49 @@ def unwritable(path, is_folder: bool = False) -> str | None:
     return None
 
 
-def read_json(path):
-    """A whole JSON file; a missing file or bad JSON raises InputError naming the file (and the line)."""
+def not_regular(path) -> None:
+    """Refuse an input that exists but is not a regular file (or a folder): reading a FIFO blocks for ever, a
+    device never ends. Stat does not open it, so this never blocks; a missing path is left to the reader."""
+    import os
+    import stat
+
     try:
-        return json.loads(read_text(path))
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as err:
+        raise InputError(path, None, None, f"cannot read ({err.strerror})") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
+            "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+        raise InputError(path, None, None, f"is {kind}, not a regular file; refused (it could block or never end)")
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs):
+    """A JSON object whose keys are distinct (json keeps the last of two silently, as PyYAML does)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return obj
+
+
+def read_json(path):
+    """A whole JSON file; a missing file, bad JSON or a key given twice in one object raises InputError naming the
+    file (and the line)."""
+    text = read_text(path)
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
         raise InputError(path, err.lineno, None, f"not valid JSON ({err.msg})") from None
+    except _DuplicateKey as err:
+        raise InputError(path, None, str(err), "appears twice in one object") from None
+    except RecursionError:
+        raise InputError(path, None, None, "nested too deeply") from None
 
 
 def read_text(path) -> str:
@@ -61,6 +98,7 @@ def read_text(path) -> str:
     (and, for bad bytes, their byte offset)."""
     path = Path(path)
     try:
+        not_regular(path)
         data = path.read_bytes()
     except FileNotFoundError:
         raise InputError(path, None, None, "file not found") from None
@@ -82,10 +120,13 @@ def check_image(path, where=None, field=None, source=None) -> None:
     from PIL import Image
 
     try:
+        not_regular(path)
         with Image.open(path) as image:
             image.load()
     except FileNotFoundError:
         problem = "image not found"
+    except InputError as err:
+        problem = err.message
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
         problem = f"not a readable image ({type(err).__name__})"
     else:

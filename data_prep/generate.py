@@ -46,7 +46,7 @@ import yaml
 from data_prep.categories import SAFE_LABEL, CategorySet, parse
 from data_prep.chat_client import ChatClient, openai_messages
 from data_prep.errors import InputError, check_image
-from data_prep.runs import RunFile, check_outputs, int_at_least, write_json, write_text
+from data_prep.runs import RunFile, check_outputs, claim_folder, int_at_least, write_json, write_text
 from data_prep.spy import draw_other_labels
 from data_prep.spy_bench import build_samples, to_bench_item
 from data_prep.spy_tune import load_items
@@ -437,6 +437,7 @@ def generate(args) -> int:
     check_url = args.check_base_url or args.base_url
     check = _client(check_model, check_url, args.check_api_key_env or args.api_key_env, args, 0.0)  # a verdict: greedy
     out, images_dir = Path(args.out), Path(args.images)
+    claim_folder(out, "data_prep.generate")  # a folder of the user's files is refused; a killed run's is resumed
     stages = out / "stages"
     common = {"prompts_version": PROMPTS_VERSION, "categories_sha256": cats.digest}
     gen_header = {**common, "model": args.model, "base_url": args.base_url, "temperature": args.temperature}
@@ -583,6 +584,9 @@ def verify(out: Path, cats: CategorySet, train: bool, test: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from data_prep.secrets import guard_streams
+
+    guard_streams()  # nothing printed holds a key
     parser = argparse.ArgumentParser(prog="python -m data_prep.generate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--categories", required=True, help="the category file (YAML; data_prep/categories.py)")

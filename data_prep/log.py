@@ -45,7 +45,11 @@ def level_from_env() -> int:
 
 
 def setup(level: int | None = None) -> None:
-    """Our packages' loggers at `level` (default: from the environment), with one stderr handler; idempotent."""
+    """Our packages' loggers at `level` (default: from the environment), with one stderr handler; idempotent.
+    stdout and stderr redact every secret the process knows from now on (data_prep.secrets)."""
+    from data_prep import secrets
+
+    secrets.guard_streams()
     level = level_from_env() if level is None or level < 0 else level
     for name in PACKAGES:
         logger = logging.getLogger(name)

@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from data_prep import locks, secrets
 from data_prep.errors import InputError, new_file_mode, read_text, unwritable
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ def _parse_lines(path, lines, required: Iterable[str] = (), first: int = 1):
             record = json.loads(line)
         except json.JSONDecodeError as err:
             raise InputError(path, lineno, None, f"not valid JSON ({err.msg})") from None
+        except RecursionError:
+            raise InputError(path, lineno, None, "nested too deeply") from None
         if not isinstance(record, dict):
             raise InputError(path, lineno, None, "expected a JSON object")
         if lineno == 1 and list(record) == [HEADER] and isinstance(record[HEADER], dict):
@@ -70,9 +73,11 @@ def is_main_process() -> bool:
 
 def write_text(path, text: str) -> None:
     """Write a text file atomically (temporary file + rename): readers see the old file or the new one.
-    The file gets the permissions of any newly created file (0666 less the umask), not mkstemp's 0600."""
+    The file gets the permissions of any newly created file (0666 less the umask), not mkstemp's 0600. Every
+    secret the process knows is redacted first (data_prep.secrets): no key reaches a file through here."""
     if not is_main_process():
         return
+    text = secrets.redact(text)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -98,6 +103,10 @@ def write_jsonl(path, records: Iterable[dict]) -> None:
     write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
+def _line(record: dict) -> str:
+    return secrets.redact(json.dumps(record, ensure_ascii=False)) + "\n"
+
+
 class RunFile:
     """An append-only JSON Lines file of finished samples, keyed by `key` (default `id`).
 
@@ -107,7 +116,10 @@ class RunFile:
     before headers existed) is checked against the settings its records carry, and gains the header when
     rewritten.
     Opening never changes the file: a torn last line is cut only when something is appended, i.e. after the
-    command has checked all its input; a last line that is complete but lacks its newline is kept."""
+    command has checked all its input; a last line that is complete but lacks its newline is kept.
+    Once the file is known to be this run's, it is locked (data_prep.locks) until `close()` or the end of the
+    process: a second command on the same file stops at once, naming this one's pid. Records are redacted
+    (data_prep.secrets) as they are written: a server error that echoes the key is stored without it."""
 
     def __init__(self, path, key: str = "id", header: dict | None = None, new_run: bool = False):
         self.path = Path(path)
@@ -119,6 +131,20 @@ class RunFile:
         self._newline = False  # the last line is whole but lacks its newline: add it before appending
         if self.path.exists():
             self._load(new_run)
+        self._locked = False
+        if header is not None:  # a file this command writes (a header-less RunFile only reads or caches)
+            self.lock()
+
+    def lock(self) -> None:
+        """Hold the run file's lock (re-entrant in one process); InputError names another holder's pid."""
+        if not self._locked:
+            locks.acquire(self.path, "run file")
+            self._locked = True
+
+    def close(self) -> None:
+        if self._locked:
+            locks.release(self.path)
+            self._locked = False
 
     def _load(self, new_run: bool) -> None:
         text = read_text(self.path)
@@ -195,7 +221,7 @@ class RunFile:
         self.append_many([record])
 
     def _header_lines(self) -> list[str]:
-        return [json.dumps({HEADER: self.header}, ensure_ascii=False) + "\n"] if self.header is not None else []
+        return [_line({HEADER: self.header})] if self.header is not None else []
 
     def begin(self) -> None:
         """Call once all input is checked: start the file (its header line; over the old file with
@@ -220,9 +246,10 @@ class RunFile:
         lines = []
         for record in records:
             self._records[str(record[self.key])] = record
-            lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+            lines.append(_line(record))
         if not lines or not is_main_process():
             return
+        self.lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._prepare()
         with open(self.path, "a", encoding="utf-8") as f:
@@ -236,8 +263,8 @@ class RunFile:
         listed = set(order)
         final = [self._records[i] for i in order if i in self._records]
         final += [r for i, r in self._records.items() if i not in listed]
-        write_text(self.path, "".join(self._header_lines()) + "".join(json.dumps(r, ensure_ascii=False) + "\n"
-                                                                      for r in final))
+        self.lock()
+        write_text(self.path, "".join(self._header_lines()) + "".join(_line(r) for r in final))
         self._restart, self._cut, self._newline = False, None, False
         return final
 
@@ -251,12 +278,17 @@ def check_outputs(inputs: Iterable, outputs: Iterable, folders: Iterable = ()) -
     that cannot be created (under a file, or in a folder without write permission); `folders` are output
     folders, checked the same way."""
     given = {Path(p).resolve(): p for p in inputs if p is not None}
+    written: dict[Path, object] = {}
     for path, is_folder in [*((p, True) for p in folders), *((p, False) for p in outputs)]:
         if path is None:
             continue
         path = Path(path)
         if path.resolve() in given:
             raise InputError(path, None, None, "is also an input of this command; choose another output path")
+        if path.resolve() in written:  # e.g. --out X --reference-out X, or a report named like the JSON
+            raise InputError(path, None, None, "is written twice by this command (two of its outputs have this "
+                             "path); give them different names")
+        written[path.resolve()] = path
         if is_folder and path.exists() and not path.is_dir():
             raise InputError(path, None, None, "is a file; the output here is a folder")
         if not is_folder and path.is_dir():
@@ -264,6 +296,32 @@ def check_outputs(inputs: Iterable, outputs: Iterable, folders: Iterable = ()) -
         problem = unwritable(path, is_folder)
         if problem:
             raise InputError(path, None, None, problem)
+
+
+MARKER = ".privacy-align-output"  # in an output folder: the command that made it (its files are that command's)
+
+
+def claim_folder(folder, command: str, own: Iterable[str] = ()) -> None:
+    """Refuse an output folder that holds files this command did not write there: it must be missing, empty, or
+    made by the same command (its MARKER says so; a rerun replaces its own files), or hold only entries named in
+    `own` (what the command builds there and reuses, e.g. the demo's tiny model). Call after the other checks;
+    the marker is written at once, so a killed run's folder is still recognised."""
+    own = set(own)
+    folder = Path(folder)
+    marker = folder / MARKER
+    if folder.is_dir():
+        try:
+            owner = json.loads(marker.read_text(encoding="utf-8")).get("command") if marker.is_file() else None
+        except (OSError, ValueError, AttributeError):
+            owner = None
+        if owner != command:
+            foreign = next((p for p in sorted(folder.iterdir())
+                            if p.name != MARKER and p.name not in own and not locks.is_lock_file(p)), None)
+            if foreign is not None:
+                made = f"made by {owner}" if owner else "not made by this command"
+                raise InputError(folder, None, None, f"holds files {made} (e.g. {foreign.name}); an output folder "
+                                 "must be new, empty, or this command's own; choose another --out")
+    write_json(marker, {"command": command})
 
 
 def int_at_least(minimum: int):

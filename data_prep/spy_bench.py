@@ -24,8 +24,9 @@ import json
 import re
 from pathlib import Path
 
-from data_prep.categories import as_categories
+from data_prep.categories import as_categories, template_problem
 from data_prep.errors import InputError, check_image, read_text
+from data_prep.paths import inside
 from data_prep.spy import SAFE_LABEL, compose_prompt, instruction_block
 
 
@@ -81,7 +82,7 @@ def load_items(path) -> list[tuple[object, dict]]:
     text = read_text(path)
     if path.suffix == ".jsonl":
         items = []
-        for lineno, line in enumerate(text.splitlines(), 1):
+        for lineno, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 may sit in a string
             if line.strip():
                 try:
                     items.append((lineno, json.loads(line)))
@@ -142,10 +143,11 @@ def check_item(item, where, path, distractors: bool, images_dir=None, categories
         if not isinstance(question.get(field), str) or not question[field]:
             fail(f"question_item.{field}", "missing or not a string")
     if images_dir is not None:
-        check_image(Path(images_dir) / question["image_path"], where, "question_item.image_path", source=path)
+        check_image(inside(images_dir, question["image_path"], path, where, "question_item.image_path"), where,
+                    "question_item.image_path", source=path)
     templates = item.get("instruct_templates", cats.templates)
     if (not isinstance(templates, (list, tuple)) or len(templates) != 2
-            or not all(isinstance(t, str) and t.count("{}") == 1 for t in templates)):
+            or any(template_problem(t) for t in templates)):
         fail("instruct_templates", "expected two strings, each with one {} slot")
     if distractors:
         other = item.get("other_labels")
@@ -165,11 +167,7 @@ def check_item(item, where, path, distractors: bool, images_dir=None, categories
             if not isinstance(scenario, dict) or not isinstance(scenario.get("scenario"), str):
                 fail(f"{name}.scenario", "missing or not a string")
             template = scenario.get("2nd_person_template")
-            try:
-                if not isinstance(template, str) or template.count("{}") != 1:
-                    raise ValueError
-                template.format("")
-            except (ValueError, IndexError, KeyError):
+            if template_problem(template):
                 fail(f"{name}.2nd_person_template", "expected a string with one {} slot")
             if scenario["scenario"] in seen:
                 fail(f"{name}.scenario", f"scenario {scenario['scenario']!r} listed twice for this item")

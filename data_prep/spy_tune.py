@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from data_prep import spy
-from data_prep.categories import CategorySet, as_categories
+from data_prep.categories import CategorySet, as_categories, template_problem
 from data_prep.errors import InputError, check_image, read_json
+from data_prep.paths import inside
 
 if TYPE_CHECKING:
     import datasets
@@ -99,16 +100,6 @@ def _text_problem(container: dict, field: str) -> str | None:
     return None
 
 
-def _template_problem(value) -> str | None:
-    try:
-        if isinstance(value, str) and value.count("{}") == 1:
-            value.format("")
-            return None
-    except (ValueError, IndexError, KeyError):
-        pass
-    return "expected a string with one {} slot"
-
-
 def check_item(item, path, where, label_texts: dict[str, str], image_folder: Path, decoded: set[Path],
                categories: CategorySet | None = None) -> None:
     """Raise InputError on the first problem of one item; `decoded` holds the images already checked."""
@@ -148,7 +139,7 @@ def check_item(item, path, where, label_texts: dict[str, str], image_folder: Pat
         if not isinstance(templates, list) or len(templates) != 2:
             fail("instruct_templates", "expected two strings, each with one {} slot")
         for j, template in enumerate(templates):
-            if problem := _template_problem(template):
+            if problem := template_problem(template):
                 fail(f"instruct_templates[{j}]", problem)
     for kind in ("non_privacy_scenarios", "privacy_scenarios", "chosen_scenarios"):
         scenarios = item.get(kind, [])
@@ -159,9 +150,9 @@ def check_item(item, path, where, label_texts: dict[str, str], image_folder: Pat
                 fail(f"{kind}[{n}]", "expected a JSON object")
             if problem := _text_problem(scenario, "scenario"):
                 fail(f"{kind}[{n}].scenario", problem)
-            if problem := _template_problem(scenario.get("2nd_person_template")):
+            if problem := template_problem(scenario.get("2nd_person_template")):
                 fail(f"{kind}[{n}].2nd_person_template", problem)
-    image = image_folder / q["image_path"]
+    image = inside(image_folder, q["image_path"], path, where, "question_item.image_path")
     if image not in decoded:
         check_image(image, where, "question_item.image_path", source=path)
         decoded.add(image)
@@ -261,7 +252,7 @@ def general_rows(path, image_folder) -> list[dict]:
         for field in ("image_path", "question", "answer"):
             if not isinstance(item, dict) or _text_problem(item, field):
                 raise InputError(path, f"record {n}", field, "expected a non-empty string")
-        image = Path(image_folder) / item["image_path"]
+        image = inside(image_folder, item["image_path"], path, f"record {n}", "image_path")
         if image not in decoded:
             check_image(image, f"record {n}", "image_path", source=path)
             decoded.add(image)
@@ -297,7 +288,7 @@ def build_dataset(
     builder = helpful_rows if helpful else ROW_BUILDERS[method]
     rows = []
     for item in items:
-        image = str(Path(image_folder) / item["question_item"]["image_path"])
+        image = str(inside(image_folder, item["question_item"]["image_path"], data_path))
         for row in builder(item, texts, add_distractors, cats):
             rows.append({"images": [image], **row, "p_label": item["label"]})
     if general_path:
@@ -313,6 +304,9 @@ MAX_SHOWN = 20
 
 
 def main(argv=None) -> int:
+    from data_prep.secrets import guard_streams
+
+    guard_streams()  # nothing printed holds a key
     parser = argparse.ArgumentParser(prog="python -m data_prep.spy_tune", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     validate = commands.add_parser("validate", help="check a SPY-Tune file and its images, without training")

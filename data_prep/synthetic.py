@@ -32,6 +32,7 @@ from PIL import Image, ImageDraw
 
 from data_prep.categories import as_categories
 from data_prep.errors import InputError
+from data_prep.runs import check_outputs, claim_folder
 from data_prep.spy import draw_other_labels
 from data_prep.spy_bench import to_bench_item
 
@@ -212,6 +213,9 @@ def text_corpus(categories=None, general: bool = False) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from data_prep.secrets import guard_streams
+
+    guard_streams()  # nothing printed holds a key
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--train-per-label", type=int, default=60)
@@ -230,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
             Path(args.out).mkdir(parents=True, exist_ok=True)
         except OSError as err:  # under a file, or no permission
             raise InputError(args.out, None, "--out", f"cannot create the folder ({err.strerror})") from None
+        check_outputs([args.categories], [], [args.out])
+        claim_folder(args.out, "data_prep.synthetic")  # a user's folder is not ours to write into
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -41,13 +41,17 @@ SPY_HEADLINE = {"ics": "ICS", "hms": "HMS", "rta_nonconflict": "RtA", "ata_nonco
 SPATIAL_HEADLINE = {"q1": "Q1", "q2": "Q2", "q3": "Q3", "q4": "Q4", "q5": "Q5", "overall": "overall"}
 SPATIAL_MODES = ("one-pass", "staged", "guard")
 # Section -> the keys its YAML entry may hold (anything else is a typo, refused).
+# Section -> its schema (data_prep.strict_yaml.check: every level strict; ANY: a value checked below).
+ANY = None
 SECTION_KEYS = {
-    "spy": {"items", "images", "settings", "limit", "categories", "self_moderation"},
-    "synthetic_general": {"data", "images", "limit"},
-    "spatialtrust": {"data", "image_root", "modes", "limit", "retries", "box_scale", "synthetic_images"},
-    "general": {"benchmarks", "datasets", "limit", "mmmu_splits"},
-    "geo": {"images", "settings", "labels", "metadata", "limit"},
+    "spy": dict.fromkeys(("items", "images", "settings", "limit", "categories", "self_moderation")),
+    "synthetic_general": dict.fromkeys(("data", "images", "limit")),
+    "spatialtrust": dict.fromkeys(("data", "image_root", "modes", "limit", "retries", "box_scale", "synthetic_images")),
+    "general": {"benchmarks": ANY, "datasets": dict.fromkeys(("mmmu", "ocrbench", "mme")), "limit": ANY,
+                "mmmu_splits": ANY},
+    "geo": dict.fromkeys(("images", "settings", "labels", "metadata", "limit")),
 }
+JUDGE_KEYS = ("model", "base_url", "api_key_env")
 GEO_SETTINGS = ("mcq", "free-form")
 GEO_HEADLINE = {"q7_accuracy": "Q7 accuracy", "q7_macro_f1": "Q7 macro-F1", "over_disclosure": "over-disclosure",
                 "abstention_violation": "abstention violation"}
@@ -56,6 +60,25 @@ TOP_KEYS = {"name", "root", "backend", "backend_options", "judge", "sections", "
 
 
 # ----------------------------------------------------------------------------------------------- config
+def backend_option_names(backend: str) -> set[str] | None:
+    """The options a backend's generator takes (its constructor's, and for openai the chat client's); None when
+    it passes unknown ones on to a library we cannot inspect here (vLLM's engine arguments)."""
+    import inspect
+
+    from data_prep.chat_client import ChatClient
+    from eval.backends import BACKENDS
+
+    names = set()
+    for kind in (BACKENDS[backend], *((ChatClient,) if backend == "openai" else ())):
+        for name, param in inspect.signature(kind.__init__).parameters.items():
+            if param.kind is param.VAR_KEYWORD:
+                if kind is BACKENDS[backend] and backend != "openai":
+                    return None
+            elif name not in ("self", "model"):
+                names.add(name)
+    return names
+
+
 def _merge(base: dict, extra: dict) -> dict:
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
@@ -68,37 +91,36 @@ def _merge(base: dict, extra: dict) -> dict:
 def load_config(path, root: str | None = None, overrides: dict | None = None) -> dict:
     """The suite YAML, validated (unknown keys and sections, missing files are refused before anything runs).
     `overrides` is merged into it first (the demo's sample limit and batch size)."""
-    import yaml
+    from data_prep import secrets, strict_yaml
 
-    from data_prep.errors import read_text
-
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise InputError(path, None, None, "no such suite file")
-    try:
-        config = yaml.safe_load(read_text(path))
-    except yaml.YAMLError as err:
-        raise InputError(path, None, None, f"not YAML: {str(err).splitlines()[0]}") from None
+    config = strict_yaml.load(path)  # duplicate keys, alias bombs, FIFOs refused
     if not isinstance(config, dict):
         raise InputError(path, None, None, "expected a mapping (name, backend, judge, sections)")
+    secrets.refuse_in_config(path, config)  # a key in the file: refused, naming the variable to set
     _merge(config, overrides or {})
-    for key in config:
-        if key not in TOP_KEYS:
-            raise InputError(path, None, key, f"unknown key; expected one of {', '.join(sorted(TOP_KEYS))}")
+    strict_yaml.check_keys(path, config, TOP_KEYS)
+    judge = config.get("judge", "rule")
+    if isinstance(judge, dict):
+        strict_yaml.check_keys(path, judge, JUDGE_KEYS, "judge")
+    backend = config.get("backend", "hf")
+    if backend not in ("hf", "vllm", "openai"):
+        raise InputError(path, strict_yaml.line_of(config, "backend"), "backend", "choose hf, vllm or openai")
+    options = config.get("backend_options") or {}
+    if not isinstance(options, dict):
+        raise InputError(path, strict_yaml.line_of(config, "backend_options"), "backend_options", "expected a mapping")
+    known = backend_option_names(backend)
+    if known is not None:
+        strict_yaml.check_keys(path, options, known, "backend_options")
     sections = config.get("sections")
     if not isinstance(sections, dict) or not sections:
         raise InputError(path, None, "sections", "name at least one section: " + ", ".join(SECTION_KEYS))
+    strict_yaml.check_keys(path, sections, SECTION_KEYS, "sections")
     for name, entry in sections.items():
-        if name not in SECTION_KEYS:
-            raise InputError(path, None, f"sections.{name}", f"unknown section; the suite runs {', '.join(SECTION_KEYS)}")
         if not isinstance(entry, dict):
-            raise InputError(path, None, f"sections.{name}", "expected a mapping")
-        for key in entry:
-            if key not in SECTION_KEYS[name]:
-                raise InputError(path, None, f"sections.{name}.{key}",
-                                 f"unknown key; expected one of {', '.join(sorted(SECTION_KEYS[name]))}")
-    if config.get("backend", "hf") not in ("hf", "vllm", "openai"):
-        raise InputError(path, None, "backend", "choose hf, vllm or openai")
-    judge = config.get("judge", "rule")
+            raise InputError(path, strict_yaml.line_of(sections, name), f"sections.{name}", "expected a mapping")
+        strict_yaml.check(path, entry, SECTION_KEYS[name], f"sections.{name}")
     if judge != "rule" and not (isinstance(judge, dict) and isinstance(judge.get("model"), str)):
         raise InputError(path, None, "judge", "rule, or a mapping with model (and base_url, api_key_env)")
     base = Path(root if root is not None else config.get("root", "."))
@@ -488,7 +510,9 @@ def push_results(repo: str, rows: list[dict], model_name: str) -> None:
 def log_wandb(project: str, name: str, rows: list[dict], settings: dict) -> None:
     import wandb
 
-    run = wandb.init(project=project, name=f"eval {name}", job_type="eval", config=settings,
+    from data_prep.secrets import redact_obj
+
+    run = wandb.init(project=project, name=f"eval {name}", job_type="eval", config=redact_obj(settings),
                      tags=["eval", "suite"])
     run.log({f"eval/{r['benchmark']}/{r['setting']}/{r['metric']}": r["value"] for r in rows
              if r["value"] is not None})

@@ -101,7 +101,7 @@ BAD = {
     "braces in a name": ("categories:\n  x:\n    name: 'x {}'\n    definition: d\n", ":3: categories.x.name: braces"),
     "template without placeholder": (
         "instruction_templates:\n  non_private: fine {}\n  private: no placeholder\ncategories:\n  x:\n    name: x\n"
-        "    definition: d\n", ":3: instruction_templates.private: expected exactly one {}"),
+        "    definition: d\n", ":3: instruction_templates.private: expected a string with one {} slot"),
     "scenario needs an unknown category": (
         "categories:\n  x:\n    name: x\n    definition: d\nscenarios:\n  s:\n    name: s\n    needs: [y]\n"
         "    2nd_person_template: 'q {}'\n", ":8: scenarios.s.needs: unknown category y"),

@@ -240,7 +240,9 @@ class CardCallback(TrainerCallback):
                           for f in dataclasses.fields(self.script_args)}
                 config.update({f"model/{f.name}": getattr(self.model_args, f.name)
                                for f in dataclasses.fields(self.model_args) if "token" not in f.name})
-                wandb.run.config.update(json.loads(json.dumps(config, default=str)), allow_val_change=True)
+                from data_prep.secrets import redact_obj
+
+                wandb.run.config.update(redact_obj(json.loads(json.dumps(config, default=str))), allow_val_change=True)
                 wandb.run.tags = tuple(sorted({*(wandb.run.tags or ()), self.method}))
 
     def on_push_begin(self, args, state, control, **kwargs):

@@ -32,6 +32,9 @@ def answer(model_path: str, image: str, instruction: str, question: str, max_new
 
 
 def main(argv: list[str] | None = None) -> int:
+    from data_prep.secrets import guard_streams
+
+    guard_streams()  # nothing printed holds a key
     parser = argparse.ArgumentParser(prog="python -m train.chat", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="model folder, LoRA adapter folder, or Hub id")

@@ -3,7 +3,6 @@ Saving, the model card and publishing at the end of a run are in train/card.py."
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import os
@@ -13,9 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from data_prep.errors import InputError, read_text, unwritable
+from data_prep.errors import InputError, unwritable
+from data_prep.strict_yaml import did_you_mean
 
 logger = logging.getLogger(__name__)
 METHOD_NAMES = {"sft": "SFT", "dpo": "DPO", "nca": "NCA", "nca_p": "NCA-P"}
@@ -48,6 +46,9 @@ class SpyTuneArguments:
 
 def run(main) -> None:
     """Run an entry script: bad input (InputError, from any check) ends it with one line and exit status 2."""
+    from data_prep.secrets import guard_streams
+
+    guard_streams()  # nothing printed (logs, tracebacks) holds a key
     try:
         main()
     except InputError as err:
@@ -80,16 +81,25 @@ def parse_recipe(*dataclass_types):
         env = config.pop("env", None) or {}
         if not isinstance(env, dict):
             raise InputError(argv[0], None, "env", "expected a mapping of variable: value")
+        from data_prep.secrets import SECRET_NAME
+
+        for name in env:
+            if SECRET_NAME.search(str(name)):
+                raise InputError(argv[0], env.key_lines.get(name), f"env.{name}", "a key is never read from a file; "
+                                 f"set {name} in the environment instead")
         os.environ.update({key: str(value) for key, value in env.items()})
         parser.set_defaults_with_config(**config)
         argv = argv[1:]
+    if any(arg == "--hub_token" or arg.startswith("--hub_token=") for arg in argv):  # visible to every `ps`
+        raise InputError("command line", None, "--hub_token", "a key is never given on the command line; set HF_TOKEN "
+                         "in the environment instead")
     _, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = next((arg.split("=")[0] for arg in unknown if arg.startswith("-")), None)
         if flag is None:
             raise InputError("command line", None, unknown[0], "unexpected argument (the recipe comes first)")
         options = [option.lstrip("-") for option in parser._option_string_actions]
-        raise InputError("command line", None, flag, "unknown option" + _did_you_mean(flag.lstrip("-"), options, "--"))
+        raise InputError("command line", None, flag, "unknown option" + did_you_mean(flag.lstrip("-"), options, "--"))
     try:
         parsed = parser.parse_args_into_dataclasses(argv)
     except InputError:
@@ -115,22 +125,18 @@ def _read_recipe(path, actions: dict) -> dict:
     """The recipe's `key: value` pairs, each a known option; a value argparse will not convert (it converts only
     strings, and YAML has typed the rest) is handed over as text when it is not of the option's type, so
     `max_steps: 1.5` fails as `--max_steps 1.5` does."""
-    text = read_text(path)
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        config = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        raise InputError(path, mark.line + 1 if mark else None, None,
-                         f"not valid YAML ({getattr(err, 'problem', None) or err})") from None
+    from data_prep import secrets, strict_yaml
+
+    config = strict_yaml.load(path)  # duplicate keys, alias bombs, FIFOs refused, with lines
     if not isinstance(config, dict):
         raise InputError(path, None, None, "expected `key: value` lines (a YAML mapping)")
-    for key_node, _ in root.value:
-        key, line = key_node.value, key_node.start_mark.line + 1
+    secrets.refuse_in_config(path, config)  # hub_token, a key in env:, a key-shaped value: refused
+    for key in list(config):
+        line = strict_yaml.line_of(config, key)
         if key == "env":
             continue
         if key not in actions:
-            raise InputError(path, line, key, "unknown key" + _did_you_mean(key, actions))
+            raise InputError(path, line, key, "unknown key" + did_you_mean(key, actions))
         action, value = actions[key], config[key]
         kind = getattr(action.type, "__name__", None)
         if value is None or action.nargs not in (None, "?") or kind not in _ACCEPTS or _ACCEPTS[kind](value):
@@ -149,11 +155,6 @@ _ACCEPTS = {  # the option type's name -> the YAML values it takes as they are
     "str": lambda v: isinstance(v, str),
     "string_to_bool": lambda v: isinstance(v, bool),
 }
-
-
-def _did_you_mean(name: str, known, prefix: str = "") -> str:
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-    return f" (did you mean {prefix}{close[0]}?)" if close else ""
 
 
 def option_error(name: str, message: str) -> InputError:
@@ -226,6 +227,9 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
         fail("resume_from_checkpoint", f"no checkpoint-* folder in {out} to resume from")
     if resume not in (None, True) and not Path(resume).is_dir():
         fail("resume_from_checkpoint", f"checkpoint folder not found: {resume}")
+    from data_prep import locks
+
+    locks.acquire(out, "training output folder")  # held until the process ends: one training run per folder
 
 
 def load_model_and_processor(model_args, script_args: SpyTuneArguments, training_args):

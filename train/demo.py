@@ -26,10 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
+from data_prep import strict_yaml
 from data_prep.errors import InputError
-from data_prep.runs import write_json, write_text
+from data_prep.runs import claim_folder, write_json, write_text
 from train.common import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +64,8 @@ def open_out(out: Path, kind: str, settings: dict) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # under a file, or no permission
         raise InputError(out, None, "--out", f"cannot create the folder ({err.strerror})") from None
+    # a folder of the user's files is refused; the tiny model and the data may be there already (built once)
+    claim_folder(out, f"train.{kind}", own=("tiny-qwen2vl", "synthetic-spy-tune", f"{kind}_config.json"))
     config = out / f"{kind}_config.json"
     if config.exists() and json.loads(config.read_text()) != settings:
         raise InputError(config, None, None, f"a {kind} run with other settings is here; use another --out or delete it")
@@ -86,7 +87,7 @@ def train(script: str, model: Path, data: Path, out: Path, steps: int | None, lo
         "--image_folder", str(data), "--output_dir", str(out), *extra,
     ]
     if steps is None:  # the recipe's
-        steps = yaml.safe_load(recipe.read_text())["max_steps"]
+        steps = strict_yaml.load(recipe)["max_steps"]
     else:
         command += ["--max_steps", str(steps)]
     if any(out.glob("checkpoint-*")):
@@ -175,6 +176,9 @@ def plot(report: dict, out: Path, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from data_prep.secrets import guard_streams
+
+    guard_streams()  # nothing printed holds a key
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="outputs/demo")
     parser.add_argument("--sft-steps", type=int, default=None, help="default: recipes/demo/sft.yaml (400)")

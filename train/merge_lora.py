@@ -59,6 +59,9 @@ def merge(adapter, out, dtype: str = "auto") -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from data_prep.secrets import guard_streams
+
+    guard_streams()  # nothing printed holds a key
     parser = argparse.ArgumentParser(prog="python -m train.merge_lora", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("adapter", help="folder with adapter_config.json + adapter_model.safetensors")

@@ -168,6 +168,9 @@ def plot(report: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from data_prep.secrets import guard_streams
+
+    guard_streams()  # nothing printed holds a key
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="outputs/study")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from data_prep.errors import InputError
 from train.common import run
 
 ASSETS = Path(__file__).parent / "assets"
@@ -240,6 +239,9 @@ def build_tiny_model(
 
 
 def main(argv: list[str] | None = None) -> None:
+    from data_prep.secrets import guard_streams
+
+    guard_streams()  # nothing printed holds a key
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
     parser.add_argument("--family", default="qwen2_vl", choices=list(FAMILIES))
@@ -249,10 +251,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vision-embed", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    from data_prep.errors import InputError
+    from data_prep.runs import check_outputs, claim_folder
+
     try:
         Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     except OSError as err:  # under a file, or no permission
         raise InputError(args.out_dir, None, "out_dir", f"cannot create the folder ({err.strerror})") from None
+    check_outputs([], [], [args.out_dir])
+    claim_folder(args.out_dir, "train.tiny_model")  # a folder of the user's files is refused
     out = build_tiny_model(args.out_dir, family=args.family, hidden=args.hidden, layers=args.layers,
                            vision_depth=args.vision_depth, vision_embed=args.vision_embed, seed=args.seed)
     print(f"wrote a tiny random {args.family} to {out}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from data_prep.errors import InputError, read_json
+from data_prep.paths import inside
 from data_prep.runs import write_json
 
 
@@ -39,7 +40,7 @@ def run(generator, data, images, folder, backend: str, limit: int | None = None,
     from eval.spy.prompts import user_turn
 
     items = load(data, limit)
-    requests = [{"id": i["id"], "messages": [user_turn(i["question"])], "images": [str(Path(images) / i["image_path"])]}
+    requests = [{"id": i["id"], "messages": [user_turn(i["question"])], "images": [str(inside(images, i["image_path"], data, field="image_path"))]}
                 for i in items]
     header = {"step": "synthetic general", "model": generator.name, "backend": backend, **(options or {})}
     records = generate_run(generator, requests, Path(folder) / "run.jsonl", meta={i["id"]: i for i in items},

@@ -161,6 +161,9 @@ def cmd_coordinates(args) -> int:
     check_outputs([args.input], [args.out, cache])
     records = _read_run(args.input, ("id", "Q7-gen", "Q7-label"))
     RunFile(args.out, header={"step": "geo coordinates", "extract_model": args.extract_model}, new_run=args.new_run)
+    from data_prep.secrets import register
+
+    register(args.geocoder_key_env)  # its value is redacted from everything written or printed
     key = os.environ.get(args.geocoder_key_env)
     if not key:
         raise InputError("environment", None, args.geocoder_key_env, "not set (the geocoder key is read from here)")

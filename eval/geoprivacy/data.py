@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from data_prep.errors import InputError, read_text
+from data_prep.paths import inside
 from data_prep.runs import read_jsonl
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -182,7 +183,7 @@ def find_image(images_dir, label: str, meta: dict | None = None) -> Path | None:
         names.insert(0, meta["image_id"])
     for name in names:
         for suffix in IMAGE_SUFFIXES:
-            candidate = images_dir / f"{name}{suffix}"
+            candidate = inside(images_dir, f"{name}{suffix}", field="image_id")
             if candidate.is_file():
                 return candidate
     return None

@@ -19,6 +19,7 @@ from data_prep.errors import InputError, read_json
 from data_prep.runs import (
     RunFile,
     check_outputs,
+    claim_folder,
     int_at_least,
     nonempty,
     read_jsonl,
@@ -54,6 +55,7 @@ def default_run_path(out) -> Path:
 # ----------------------------------------------------------------------------------------------- steps
 def cmd_synthetic(args) -> int:
     check_outputs([], [Path(args.out) / "data.jsonl"], folders=[args.out])
+    claim_folder(args.out, "eval spatialtrust synthetic")  # a folder of the user's files is refused
     path = data.build_synthetic(args.out, n_images=args.n_images, seed=args.seed, width=args.width, height=args.height)
     print(f"wrote {path} ({args.n_images} images) and {Path(args.out) / 'images'}")
     return 0

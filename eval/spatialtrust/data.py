@@ -21,6 +21,7 @@ import random
 from pathlib import Path
 
 from data_prep.errors import InputError, check_image, read_text
+from data_prep.paths import inside
 from data_prep.runs import read_jsonl, write_jsonl
 
 QIDS = ("q1", "q2", "q3", "q4", "q5")
@@ -183,7 +184,7 @@ def load(path, image_root=None, check_images: bool = False) -> list[dict]:
             fail("image_id", f"duplicate image id {rec['image_id']!r}")
         seen.add(rec["image_id"])
         rec["questions"] = sorted(rec["questions"], key=lambda q: q["qid"])
-        rec["image_path"] = str(root / rec["image"])
+        rec["image_path"] = str(inside(root, rec["image"], path, line, "image"))
         if check_images:
             check_image(rec["image_path"], line, "image", source=path)
     return records

@@ -9,9 +9,8 @@ judged with exactly this text.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from data_prep.categories import as_categories
+from data_prep.paths import inside
 
 # Formatted with (label text, the bare question, the response): the judge sees neither the instructions
 # nor the scenario, as in the reference.
@@ -89,4 +88,4 @@ def user_turn(text: str) -> dict:
 def spy_request(sample: dict, images_dir) -> dict:
     """The Generator request of one SPY-Bench sample: its image and `input_question`, no system prompt."""
     return {"id": sample["id"], "messages": [user_turn(sample["input_question"])],
-            "images": [str(Path(images_dir) / sample["image_path"])]}
+            "images": [str(inside(images_dir, sample["image_path"], field="image_path"))]}

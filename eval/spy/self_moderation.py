@@ -12,11 +12,10 @@ Unlike the reference it resumes: the output is a run file where a record holding
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tqdm.auto import tqdm
 
 from data_prep.errors import InputError, check_image
+from data_prep.paths import inside
 from data_prep.runs import RunFile, read_jsonl
 from eval.spy.prompts import SELF_MOD_Q2, SELF_MOD_Q3, user_turn
 
@@ -41,7 +40,7 @@ def load_answered(path, images_dir) -> list[dict]:
     for n, record in enumerate(records, 1):
         if record.get("error") or not isinstance(record["response"], str) or not record["response"]:
             raise InputError(path, n, "response", "missing or failed; re-run `spy generate` first")
-        check_image(Path(images_dir) / record["image_path"], n, "image_path", source=path)
+        check_image(inside(images_dir, record["image_path"], path, n, "image_path"), n, "image_path", source=path)
     return records
 
 
@@ -63,7 +62,7 @@ def self_moderate(generator, records: list[dict], images_dir, out_path, progress
                 todo.append(current)  # (a failed turn 2 is retried by the next run)
         by_id = {str(r["id"]): r for r in todo}
         requests = [{"id": r["id"], "messages": conversation(r, turn),
-                     "images": [str(Path(images_dir) / r["image_path"])]} for r in todo]
+                     "images": [str(inside(images_dir, r["image_path"], out_path))]} for r in todo]
         with tqdm(total=len(requests), desc=f"self-moderation turn {turn}", disable=not progress or not todo) as bar:
             for result in generator.generate(requests) if requests else ():
                 base = {k: v for k, v in by_id[str(result["id"])].items() if k not in ("error", "resp_3")}
