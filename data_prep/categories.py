@@ -45,6 +45,7 @@ from pathlib import Path
 
 import yaml
 
+from data_prep.entry import ArgumentParser, run_command
 from data_prep.errors import InputError, read_text
 
 ASSETS = Path(__file__).parent / "assets"
@@ -365,7 +366,7 @@ def default_categories() -> CategorySet:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file", nargs="?", default=str(DEFAULT_FILE))
     args = parser.parse_args(argv)
     try:
@@ -379,4 +380,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -9,7 +9,7 @@ order of the inputs and without superseded lines, so an interrupted-and-resumed 
 file an uninterrupted run writes. A run file's first line is a header recording what made it (see RunFile).
 
 Below them, the checks every command makes before it loads a model or writes anything: outputs that are
-inputs or cannot be written (`check_outputs`), and numeric options (`int_at_least`, `positive_float`).
+inputs or cannot be written (`check_outputs`); numeric options are checked by data_prep/numbers.py.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from data_prep.errors import InputError, new_file_mode, read_text, unwritable
+from data_prep.numbers import int_at_least, positive_float  # noqa: F401 - the argparse types commands import from here
 
 logger = logging.getLogger(__name__)
 
@@ -266,35 +267,11 @@ def check_outputs(inputs: Iterable, outputs: Iterable, folders: Iterable = ()) -
             raise InputError(path, None, None, problem)
 
 
-def int_at_least(minimum: int):
-    """An argparse type: a whole number >= minimum (argparse prints its message as one line, exit status 2)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-    return parse
-
-
 def nonempty(text: str) -> str:
     """An argparse type: a name that is not empty or blank (a model, a judge)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return text
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 def iter_chunks(items: list, size: int) -> Iterator[list]:

@@ -24,7 +24,6 @@ and a one-line summary, or exit 2 and the first problems, one per line, naming f
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from data_prep import spy
 from data_prep.categories import CategorySet, as_categories
+from data_prep.entry import ArgumentParser, run_command
 from data_prep.errors import InputError, check_image, read_json
 
 if TYPE_CHECKING:
@@ -313,7 +313,7 @@ MAX_SHOWN = 20
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data_prep.spy_tune", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m data_prep.spy_tune", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     validate = commands.add_parser("validate", help="check a SPY-Tune file and its images, without training")
     validate.add_argument("file", help="SPY-Tune JSON ({\"data_list\": [...]})")
@@ -340,4 +340,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main)

@@ -32,6 +32,7 @@ import os
 import sys
 from pathlib import Path
 
+from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError
 from data_prep.runs import nonempty, write_json, write_text
 
@@ -546,7 +547,7 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval suite", description=__doc__,
+    parser = ArgumentParser(prog="python -m eval suite", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="suite YAML, e.g. eval/suites/demo.yaml")
     parser.add_argument("--model", required=True, type=nonempty, help="checkpoint folder or Hub id (served name for openai)")

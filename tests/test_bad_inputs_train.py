@@ -155,7 +155,7 @@ CASES = [
     ("negative-learning-rate", "train", lambda c: setattr(c, "args", ["--learning_rate=-1e-4"]),
      r"command line: learning_rate: must be > 0, got -0\.0001"),
     ("zero-batch", "train", lambda c: setattr(c, "args", ["--per_device_train_batch_size", "0"]),
-     r"command line: per_device_train_batch_size: must be > 0, got 0"),
+     r"command line: per_device_train_batch_size: must be at least 1, got 0"),
     ("output-is-data-folder", "train", lambda c: setattr(c, "args", ["--output_dir", str(c.images)]),
      r"command line: output_dir: is the image_folder \({images}\); an output never overwrites an input"),
     ("output-is-model", "train", lambda c: setattr(c, "args", ["--output_dir", str(c.model)]),

@@ -9,12 +9,13 @@ import logging
 import os
 import re
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from data_prep import numbers
+from data_prep.entry import run_command
 from data_prep.errors import InputError, read_text, unwritable
 
 logger = logging.getLogger(__name__)
@@ -44,19 +45,15 @@ class SpyTuneArguments:
                                                            "(the study's helpful backbone)."})
     general_data_path: str | None = field(default=None, metadata={"help": "SFT only: general-task JSON whose rows are "
                                                                           "added (data_prep/synthetic.py)."})
+    resume_with_new_settings: bool = field(default=False, metadata={
+        "help": "Resume from a checkpoint trained with other settings or data (refused without it; train/resume.py)."})
 
 
 def run(main) -> None:
-    """Run an entry script: bad input (InputError, from any check) ends it with one line and exit status 2."""
-    try:
-        main()
-    except InputError as err:
-        # Under a multi-process launcher every process fails alike, and the launcher stops the others when the first
-        # one exits: process 0 reports at once, any other only if it is still running a moment later.
-        if int(os.environ.get("LOCAL_RANK", "0")) > 0:
-            time.sleep(10)
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    """Run an entry script through the shared wrapper (data_prep/entry.py): bad input ends it with one line and
+    exit status 2, a diverged loss with one line and 1, Ctrl-C with one line and 130."""
+    run_command(main, interrupted="interrupted; the same command with --resume_from_checkpoint true resumes from the "
+                            "last complete checkpoint")
 
 
 def parse_recipe(*dataclass_types):
@@ -169,11 +166,21 @@ def _source(name: str | None = None) -> str:
     return argv[0] if argv and argv[0].endswith((".yaml", ".yml")) else "command line"
 
 
-# Options that must be > 0, or >= 0, when set (None means unset); checked on every config that has them.
-POSITIVE = ("learning_rate", "per_device_train_batch_size", "per_device_eval_batch_size",
-            "gradient_accumulation_steps", "num_train_epochs", "logging_steps", "save_steps", "eval_steps",
-            "save_total_limit", "beta", "max_length", "num_train_samples", "min_pixels", "max_pixels")
-NON_NEGATIVE = ("warmup_steps", "weight_decay", "max_grad_norm", "seed", "dataloader_num_workers")
+# Recipe options and their ranges (None means unset), checked on every config that has them; every other float
+# option must be finite (data_prep/numbers.py).
+TRAINING_RULES = {
+    **{name: numbers.POSITIVE for name in (
+        "learning_rate", "num_train_epochs", "beta", "lora_alpha", "adam_epsilon")},
+    **{name: numbers.whole(1) for name in (
+        "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "logging_steps",
+        "save_steps", "eval_steps", "save_total_limit", "max_length", "num_train_samples", "min_pixels", "max_pixels",
+        "lora_r")},
+    **{name: numbers.NON_NEGATIVE for name in ("warmup_steps", "weight_decay", "max_grad_norm")},
+    **{name: numbers.whole(0) for name in ("seed", "dataloader_num_workers")},
+    **{name: numbers.real(0, 1, high_open=True) for name in (
+        "lora_dropout", "adam_beta1", "adam_beta2", "label_smoothing_factor", "label_smoothing")},
+    "warmup_ratio": numbers.FRACTION,
+}
 
 
 def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
@@ -182,11 +189,11 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
         raise option_error(name, message)
 
     for config in (script_args, training_args, model_args):
-        for names, ok, rule in ((POSITIVE, lambda v: v > 0, "> 0"), (NON_NEGATIVE, lambda v: v >= 0, ">= 0")):
-            for name in names:
-                value = getattr(config, name, None)
-                if value is not None and not ok(value):
-                    fail(name, f"must be {rule}, got {value}")
+        numbers.check_finite_fields(config, fail)
+        for name, rule in TRAINING_RULES.items():
+            value = getattr(config, name, None)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and rule.problem(value):
+                fail(name, rule.problem(value))
     if training_args.max_steps == 0 or training_args.max_steps < -1:
         fail("max_steps", f"must be > 0 (or -1: train num_train_epochs), got {training_args.max_steps}")
     if None not in (script_args.min_pixels, script_args.max_pixels) and script_args.min_pixels > script_args.max_pixels:

@@ -14,6 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
+from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError, check_image, read_text
 from data_prep.runs import RunFile, check_outputs, int_at_least, nonempty, warn_unequal_counts
 from eval.geoprivacy import data
@@ -257,7 +258,7 @@ def cmd_metrics(args) -> int:
 # --- argument parsing -----------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m eval geo", description=__doc__,
+    parser = ArgumentParser(prog="python -m eval geo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 

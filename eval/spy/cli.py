@@ -25,6 +25,7 @@ import logging
 from pathlib import Path
 
 from data_prep.categories import CategorySet, as_categories
+from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError, read_json
 from data_prep.runs import (
     RunFile,
@@ -349,7 +350,7 @@ CATEGORIES_HELP = "category file the items were made with (default: SPY's 67 cat
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m eval spy", description=__doc__,
+    parser = ArgumentParser(prog="python -m eval spy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     steps = parser.add_subparsers(dest="step", required=True)
 
