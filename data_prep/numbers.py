@@ -86,7 +86,7 @@ RULES: dict[str, Rule] = {
     "eval_limit": whole(1), "review": whole(0), "variants": whole(1), "near_dup": real(0, 1, low_open=True),
     "test_fraction": real(0, 1, high_open=True), "train_per_label": whole(1), "test_per_label": whole(1),
     "general_train": whole(1), "general_test": whole(1), "n_images": whole(1), "synthetic_images": whole(1),
-    "box_scale": POSITIVE, "sft_steps": whole(1), "nca_p_steps": whole(1), "steps": whole(1),
+    "sft_steps": whole(1), "nca_p_steps": whole(1), "steps": whole(1),
     "backbone_steps": whole(1),
     # models and images
     "min_pixels": whole(1), "max_pixels": whole(1), "tensor_parallel_size": whole(1),

@@ -176,8 +176,22 @@ def load_config(path, root: str | None = None, overrides: dict | None = None) ->
         if "free-form" in geo["settings"] and judge == "rule":
             raise InputError(path, None, "sections.geo.settings",
                              "free-form answers need an LLM granularity judge (judge: {model: ...}); mcq needs none")
+    _check_numbers(path, config, judge, sections)
     return {**config, "backend": config.get("backend", "hf"), "backend_options": config.get("backend_options") or {},
             "judge": judge, "sections": sections}
+
+
+def _check_numbers(path, config: dict, judge, sections: dict) -> None:
+    """Every number of the suite (a section's limit, a backend's timeout, the judge's concurrency, ...) is one, finite
+    and in the range its command-line option has (data_prep/numbers.py), before anything runs."""
+    from data_prep.numbers import check_mapping
+
+    for name, entry in sections.items():
+        check_mapping(path, entry, f"sections.{name}")
+    if isinstance(config.get("backend_options"), dict):
+        check_mapping(path, config["backend_options"], "backend_options")
+    if isinstance(judge, dict):
+        check_mapping(path, judge, "judge")
 
 
 # ----------------------------------------------------------------------------------------------- sections

@@ -228,11 +228,9 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
     problem = unwritable(out, is_folder=True)
     if problem:
         fail("output_dir", f"{out} {problem}")
-    resume = resume_checkpoint(training_args)
-    if resume is True and not any(out.glob("checkpoint-*")):
-        fail("resume_from_checkpoint", f"no checkpoint-* folder in {out} to resume from")
-    if resume not in (None, True) and not Path(resume).is_dir():
-        fail("resume_from_checkpoint", f"checkpoint folder not found: {resume}")
+    from train.resume import check_resume
+
+    check_resume(script_args, training_args, model_args, resume_checkpoint(training_args), fail)
 
 
 def load_model_and_processor(model_args, script_args: SpyTuneArguments, training_args):

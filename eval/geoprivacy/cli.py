@@ -166,7 +166,7 @@ def cmd_coordinates(args) -> int:
     if not key:
         raise InputError("environment", None, args.geocoder_key_env, "not set (the geocoder key is read from here)")
     try:
-        geocoder = GoogleGeocoder(key, url=args.geocoder_url or GOOGLE_GEOCODE_URL)
+        geocoder = GoogleGeocoder(key, url=args.geocoder_url or GOOGLE_GEOCODE_URL, key_env=args.geocoder_key_env)
     except ValueError as err:
         raise InputError("--geocoder-url", None, None, str(err)) from None
     client = _judge_client(args.extract_model, args.base_url, args.api_key_env, args.concurrency, cache)
