@@ -237,10 +237,31 @@ def load_model_and_processor(model_args, script_args: SpyTuneArguments, training
     """Model and processor through `from_pretrained`, as for Qwen2-VL-7B-Instruct on the Hub."""
     _log_arguments(script_args, model_args)
     try:
-        return _load_model_and_processor(model_args, script_args, training_args)
+        model, processor = _load_model_and_processor(model_args, script_args, training_args)
     except OSError as err:  # not a local folder and not on the Hub (or offline), unreadable weights
         raise option_error("model_name_or_path",
                            f"cannot load {model_args.model_name_or_path}: {str(err).splitlines()[0]}") from None
+    if model_args.use_peft:
+        check_lora_targets(model, model_args.lora_target_modules, "lora_target_modules")
+        check_lora_targets(model, model_args.lora_modules_to_save, "lora_modules_to_save")
+    return model, processor
+
+
+def check_lora_targets(model, targets, option: str) -> None:
+    """Each module name a LoRA option lists matches a module of the model, as PEFT matches it (the whole name or its
+    last dotted parts): PEFT itself only asks that one of them match, so a typo would train without it, silently."""
+    if not targets or isinstance(targets, str) or list(targets) == ["all-linear"]:
+        return
+    names = [name for name, _ in model.named_modules()]
+    for target in targets:
+        if not any(name == target or name.endswith("." + target) for name in names):
+            leaves = sorted({name.rsplit(".", 1)[-1] for name in names if name})
+            raise option_error(option, f"{target!r} matches no module of {_model_name(model)}"
+                                       f"{_did_you_mean(target, leaves)}")
+
+
+def _model_name(model) -> str:
+    return getattr(model.config, "_name_or_path", None) or type(model).__name__
 
 
 def _load_model_and_processor(model_args, script_args: SpyTuneArguments, training_args):

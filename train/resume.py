@@ -51,7 +51,17 @@ def _sha256(path) -> str | None:
 
 
 def run_settings(script_args, training_args, model_args) -> dict:
-    """What a resume must keep: every argument that changes the training (as JSON values), and the data's digests."""
+    """What a resume must keep: every argument that changes the training (as JSON values), and the data's digests.
+    Taken once, when the options are checked: trainers later change some of their arguments themselves (TRL sets
+    ddp_find_unused_parameters), and a checkpoint must record what the user asked for."""
+    taken = getattr(training_args, "_run_settings", None)
+    if taken is None:
+        taken = _settings(script_args, training_args, model_args)
+        object.__setattr__(training_args, "_run_settings", taken)
+    return taken
+
+
+def _settings(script_args, training_args, model_args) -> dict:
     settings = {}
     for config in (script_args, training_args, model_args):
         for name, value in _as_dict(config).items():
@@ -76,6 +86,7 @@ def recorded_settings(checkpoint) -> dict | None:
 def check_resume(script_args, training_args, model_args, resume, fail) -> str | None:
     """The checkpoint a resume starts from (None: no resume); `fail(option, message)` for every refusal."""
     if resume is None:
+        run_settings(script_args, training_args, model_args)  # taken now, for the checkpoints to record
         return None
     out = Path(training_args.output_dir)
     if resume is True:
@@ -90,6 +101,7 @@ def check_resume(script_args, training_args, model_args, resume, fail) -> str | 
         if not is_complete_checkpoint(checkpoint):
             fail("resume_from_checkpoint", f"{checkpoint} is not a complete checkpoint (no readable trainer_state.json: "
                                            "a kill cut it short); name an earlier one, or pass true for the newest")
+    now = run_settings(script_args, training_args, model_args)
     if script_args.resume_with_new_settings:
         return checkpoint
     consent = ("pass --resume_with_new_settings true to resume with the new value, or drop --resume_from_checkpoint "
@@ -97,7 +109,6 @@ def check_resume(script_args, training_args, model_args, resume, fail) -> str | 
     before = recorded_settings(checkpoint)
     if before is None:
         fail("resume_from_checkpoint", f"{checkpoint} holds no record of the settings it was trained with; {consent}")
-    now = run_settings(script_args, training_args, model_args)
     for name in sorted(set(before) | set(now)):
         if before.get(name) != now.get(name):
             if name.endswith("(sha256)"):
