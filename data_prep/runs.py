@@ -285,3 +285,9 @@ def warn_unequal_counts(counts: dict, what: str = "samples") -> None:
         listed = ", ".join(f"{name} {n}" for name, n in counts.items())
         logger.warning(f"the runs compared have different numbers of {what} ({listed}); their scores are not "
                        "over the same samples")
+
+
+def warn_if_empty(path, records: list, step: str) -> None:
+    """A step's input holding no records (an empty or header-only file) runs and writes an empty output: say so."""
+    if not records:
+        logger.warning(f"{path} holds no records: {step} has nothing to do (was the previous step run?)")

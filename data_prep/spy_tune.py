@@ -143,6 +143,8 @@ def check_item(item, path, where, label_texts: dict[str, str], image_folder: Pat
             fail(f"other_labels.{key}", as_categories(categories).unknown_label(key, path))
         if key != label and (isinstance(value, bool) or value not in (0, 1)):
             fail(f"other_labels.{key}", f"expected 0 or 1, got {json.dumps(value)}")
+        if key == label and (problem := spy.own_label_problem(value)):
+            fail(f"other_labels.{key}", problem)
     templates = item.get("instruct_templates")
     if templates is not None:
         if not isinstance(templates, list) or len(templates) != 2:

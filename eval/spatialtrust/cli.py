@@ -24,6 +24,7 @@ from data_prep.runs import (
     int_at_least,
     nonempty,
     read_jsonl,
+    warn_if_empty,
     warn_unequal_counts,
     write_json,
     write_jsonl,
@@ -115,6 +116,7 @@ def cmd_judge(args) -> int:
     check_outputs([args.data, args.predictions], [args.out, cache])
     records = _load(args)
     predictions = _predictions(args.predictions, records)
+    warn_if_empty(args.predictions, predictions, "spatialtrust judge")
     RunFile(args.out, header={"step": "spatialtrust judge", "judge_model": args.judge_model}, new_run=args.new_run)
     client = JudgeClient(args.judge_model, base_url=args.base_url, api_key_env=args.api_key_env,
                          concurrency=args.concurrency, cache_path=cache)

@@ -34,6 +34,7 @@ from data_prep.runs import (
     nonempty,
     positive_float,
     read_jsonl,
+    warn_if_empty,
     warn_unequal_counts,
     write_json,
     write_text,
@@ -196,6 +197,7 @@ def judge(run, out, judge_model: str | None = None, base_url: str | None = None,
     check_outputs([run, _path(categories)], [out, None if rule else cache])
     cats = as_categories(categories)
     records = _judge_inputs(run, resp_key, cats)
+    warn_if_empty(run, records, "spy judge")
     done = RunFile(out, header={"step": "spy judge", "judge": name, "resp_key": resp_key, **categories_header(cats)},
                    new_run=new_run)
     todo = []
