@@ -16,10 +16,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from contextlib import redirect_stderr, redirect_stdout
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -407,51 +405,18 @@ def test_the_chat_client_raises_on_401_and_sends_nothing_more():
     assert CANARY not in str(raised.value)
 
 
-class GeocodeServer:
-    """A local Google-Geocoding-shaped endpoint: `status` for HTTP, `body` for the JSON; counts requests."""
+@pytest.mark.parametrize("places, status", [({"Paris": "REQUEST_DENIED"}, 200), ({}, 401), ({}, 403)],
+                         ids=["request-denied", "401", "403"])
+def test_a_refused_geocoder_key_stops_at_once_without_retries(places, status):
+    from test_geo_pipeline import Geocoder
 
-    def __init__(self, status: int, body: dict):
-        self.requests = 0
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                server.requests += 1
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/maps/api/geocode/json"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.mark.parametrize("status, body", [
-    (200, {"status": "REQUEST_DENIED", "error_message": f"The provided API key is invalid: {CANARY}"}),
-    (401, {"error_message": "unauthorized"}),
-    (403, {"error_message": "forbidden"}),
-], ids=["request-denied", "401", "403"])
-def test_a_refused_geocoder_key_stops_at_once_without_retries(status, body):
     from eval.geoprivacy.judge import GoogleGeocoder
 
-    server = GeocodeServer(status, body)
-    try:
+    with Geocoder(places, http_status=status) as server:
         geocoder = GoogleGeocoder(CANARY, url=server.url, error_wait_seconds=0.05, key_env="GEO_KEY")
         with pytest.raises(InputError, match="GEO_KEY: the server refused") as raised:
             geocoder.geocode("Paris")
-        assert server.requests == 1
-    finally:
-        server.close()
+        assert len(server.queries) == 1
     assert CANARY not in str(raised.value)
 
 
