@@ -33,7 +33,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser; a bad or missing option is InputError (one line, exit 2), not usage + message."""
 
     def error(self, message):
-        raise InputError("command line", None, None, message)
+        raise InputError("command line", None, None, message.removeprefix("argument "))
 
 
 def _is_main_process() -> bool:
