@@ -44,6 +44,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 
 from data_prep import strict_yaml
+from data_prep.entry import ArgumentParser, run_command
 from data_prep.errors import InputError, read_text
 from data_prep.strict_yaml import Map, check_keys
 
@@ -341,10 +342,7 @@ def default_categories() -> CategorySet:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from data_prep.secrets import guard_streams
-
-    guard_streams()  # nothing printed holds a key
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file", nargs="?", default=str(DEFAULT_FILE))
     args = parser.parse_args(argv)
     try:
@@ -358,4 +356,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable, Iterator
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 
-from data_prep.errors import InputError
+from data_prep.errors import InputError, key_refused
+from data_prep.numbers import RULES, check_value
 
 
 def load_image(image):
@@ -112,7 +113,8 @@ class ChatClient:
     At most `concurrency` requests are in flight. A request failing with 429, 5xx, a timeout, a connection
     error or a garbage body is retried up to `max_retries` times, waiting the server's Retry-After when it
     gives one and otherwise `backoff * 2**attempt` seconds (capped at `max_backoff`) with random jitter;
-    other errors (400, 401, ...) are not retried. The API key is read from the environment variable
+    other errors (400, ...) are not retried, and 401 / 403 (a wrong key) stops the whole run at once with
+    InputError naming the key's variable (exit 2), as every request would fail alike. The API key is read from the environment variable
     `api_key_env` only and never logged; a server at `base_url` that needs no key gets a placeholder.
     """
 
@@ -120,8 +122,13 @@ class ChatClient:
                  concurrency: int = 8, max_retries: int = 6, timeout: float = 60.0, max_tokens: int | None = 512,
                  temperature: float | None = 0.0, backoff: float = 1.0, max_backoff: float = 60.0,
                  max_tokens_field: str = "max_tokens", extra_body: dict | None = None):
-        if concurrency < 1:  # no request would ever be sent: the run would wait forever
-            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        # each one checked again here, however it came (command line, suite, Python): concurrency 0 would wait
+        # forever, a NaN timeout never fires, a negative backoff crashes the first retry
+        for name, value in (("concurrency", concurrency), ("max_retries", max_retries), ("timeout", timeout),
+                            ("backoff", backoff), ("max_backoff", max_backoff), ("temperature", temperature),
+                            ("max_tokens", max_tokens)):
+            if value is not None:
+                check_value(value, RULES[name], "endpoint options", name)
         self.model, self.base_url, self.api_key_env = model, base_url, api_key_env
         self.concurrency, self.max_retries, self.timeout = concurrency, max_retries, timeout
         self.backoff, self.max_backoff = backoff, max_backoff
@@ -160,6 +167,9 @@ class ChatClient:
                 response = await client.chat.completions.create(model=self.model, messages=messages, **self.params)
                 return {"text": response_text(response)}
             except Exception as err:  # noqa: BLE001 - classified by is_retryable
+                status = getattr(err, "status_code", None)
+                if status in (401, 403):  # the key is wrong for every request: stop the run, send nothing more
+                    raise key_refused(self.base_url, self.api_key_env, status) from None
                 if not is_retryable(err) or attempt == self.max_retries:
                     return {"text": None, "error": f"failed after {attempt + 1} attempt(s): {describe(err)}"}
                 await asyncio.sleep(self.delay(attempt, err))
@@ -175,9 +185,13 @@ class ChatClient:
             async with semaphore:
                 put((key, await self.complete(client, messages)))
 
+        tasks = [asyncio.ensure_future(one(key, messages)) for key, messages in jobs]
         try:
-            await asyncio.gather(*(one(key, messages) for key, messages in jobs))
-        finally:
+            await asyncio.gather(*tasks)
+        finally:  # a failure (a refused key) cancels every other request
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
 
     def stream(self, jobs: Iterable[tuple]) -> Iterator[tuple]:

@@ -45,7 +45,13 @@ def unwritable(path, is_folder: bool = False) -> str | None:
         return f"cannot be written: no write permission in {parent}"
     if not is_folder and path.is_file() and not os.access(path, os.W_OK):
         return "cannot be written: the file is read-only"
-    return None
+    problem = write_probe(parent)
+    if problem is None and not is_folder and path.is_file():
+        try:  # appending nothing changes nothing; an immutable file refuses it even to root
+            open(path, "ab").close()
+        except OSError as err:
+            problem = f"cannot be written ({err.strerror})"
+    return problem
 
 
 def not_regular(path) -> None:
@@ -134,3 +140,38 @@ def check_image(path, where=None, field=None, source=None) -> None:
     if source is None:
         raise InputError(path, None, None, problem)
     raise InputError(source, where, field, f"{problem}: {path}")
+
+
+class RunStopped(Exception):
+    """The run cannot go on for a reason that is not a bad input file or option (the loss became NaN, ...).
+    Command lines print `str(err)` on one line and exit with `status`; what was written before is kept."""
+
+    def __init__(self, message: str, status: int = 1):
+        self.status = status
+        super().__init__(message)
+
+
+def key_refused(endpoint: str | None, variable: str, status: int) -> InputError:
+    """The error of an endpoint answering 401 / 403: the key in `variable` is wrong, so nothing else is sent."""
+    what = "refused the key" if status == 401 else "refused access with this key"
+    return InputError(endpoint or "the OpenAI API", None, variable,
+                      f"the server {what} (HTTP {status}); set a valid key in this environment variable and run "
+                      "the same command again (the run stopped: nothing more was sent)")
+
+
+def write_probe(folder) -> str | None:
+    """Create and remove a file in an existing `folder`: why that fails (read-only file system, an immutable or
+    root-squashed folder: what permission bits and os.access miss, above all as root), or None."""
+    import os
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-probe-")
+    except OSError as err:
+        return f"cannot be written: creating a file in {folder} failed ({err.strerror})"
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError as err:
+        return f"cannot be written: removing a file from {folder} failed ({err.strerror})"
+    return None

@@ -45,7 +45,9 @@ import yaml
 
 from data_prep.categories import SAFE_LABEL, CategorySet, parse
 from data_prep.chat_client import ChatClient, openai_messages
+from data_prep.entry import ArgumentParser, run_command
 from data_prep.errors import InputError, check_image
+from data_prep.numbers import option
 from data_prep.runs import RunFile, check_outputs, claim_folder, int_at_least, write_json, write_text
 from data_prep.spy import draw_other_labels
 from data_prep.spy_bench import build_samples, to_bench_item
@@ -584,10 +586,7 @@ def verify(out: Path, cats: CategorySet, train: bool, test: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from data_prep.secrets import guard_streams
-
-    guard_streams()  # nothing printed holds a key
-    parser = argparse.ArgumentParser(prog="python -m data_prep.generate", description=__doc__,
+    parser = ArgumentParser(prog="python -m data_prep.generate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--categories", required=True, help="the category file (YAML; data_prep/categories.py)")
     parser.add_argument("--images", required=True, help="folder of images (searched recursively)")
@@ -599,17 +598,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-base-url", help="its endpoint (default: the generator's)")
     parser.add_argument("--check-api-key-env", help="its key's environment variable (default: --api-key-env)")
     parser.add_argument("--variants", type=int_at_least(1), default=3, help="instruction paraphrases per category")
-    parser.add_argument("--near-dup", type=float, default=0.9, help="token-set Jaccard at which two items are "
+    parser.add_argument("--near-dup", type=option("near_dup"), default=0.9, help="token-set Jaccard at which two items are "
                         "near duplicates (question + answer, same category)")
-    parser.add_argument("--test-fraction", type=float, default=0.2, help="fraction of images held out for the bench")
-    parser.add_argument("--seed", type=int, default=0, help="split, distractors, scenarios and review sample")
+    parser.add_argument("--test-fraction", type=option("test_fraction"), default=0.2, help="fraction of images held out for the bench")
+    parser.add_argument("--seed", type=option("seed"), default=0, help="split, distractors, scenarios and review sample")
     parser.add_argument("--review", type=int_at_least(0), default=20, help="items in review.md")
     parser.add_argument("--concurrency", type=int_at_least(1), default=8)
     parser.add_argument("--max-retries", type=int_at_least(0), default=6)
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
-    parser.add_argument("--backoff", type=float, default=1.0, help="first retry wait in seconds (doubles)")
+    parser.add_argument("--timeout", type=option("timeout"), default=120.0, help="seconds per request")
+    parser.add_argument("--backoff", type=option("backoff"), default=1.0, help="first retry wait in seconds (doubles)")
     parser.add_argument("--max-tokens", type=int_at_least(1), default=1024)
-    parser.add_argument("--temperature", type=float, default=0.7, help="the generator's (varied questions); "
+    parser.add_argument("--temperature", type=option("temperature"), default=0.7, help="the generator's (varied questions); "
                         "the check model answers greedily")
     parser.add_argument("--new-run", action="store_true", help="start the stages over under other settings")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -622,4 +621,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main)

@@ -9,7 +9,7 @@ order of the inputs and without superseded lines, so an interrupted-and-resumed 
 file an uninterrupted run writes. A run file's first line is a header recording what made it (see RunFile).
 
 Below them, the checks every command makes before it loads a model or writes anything: outputs that are
-inputs or cannot be written (`check_outputs`), and numeric options (`int_at_least`, `positive_float`).
+inputs or cannot be written (`check_outputs`); numeric options are checked by data_prep/numbers.py.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from data_prep import locks, secrets
 from data_prep.errors import InputError, new_file_mode, read_text, unwritable
+from data_prep.numbers import int_at_least, positive_float  # noqa: F401 - the argparse types commands import from here
 
 logger = logging.getLogger(__name__)
 
@@ -324,35 +325,11 @@ def claim_folder(folder, command: str, own: Iterable[str] = ()) -> None:
     write_json(marker, {"command": command})
 
 
-def int_at_least(minimum: int):
-    """An argparse type: a whole number >= minimum (argparse prints its message as one line, exit status 2)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-    return parse
-
-
 def nonempty(text: str) -> str:
     """An argparse type: a name that is not empty or blank (a model, a judge)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return text
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 def iter_chunks(items: list, size: int) -> Iterator[list]:
@@ -366,3 +343,9 @@ def warn_unequal_counts(counts: dict, what: str = "samples") -> None:
         listed = ", ".join(f"{name} {n}" for name, n in counts.items())
         logger.warning(f"the runs compared have different numbers of {what} ({listed}); their scores are not "
                        "over the same samples")
+
+
+def warn_if_empty(path, records: list, step: str) -> None:
+    """A step's input holding no records (an empty or header-only file) runs and writes an empty output: say so."""
+    if not records:
+        logger.warning(f"{path} holds no records: {step} has nothing to do (was the previous step run?)")

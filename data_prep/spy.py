@@ -10,6 +10,7 @@ file).
 from __future__ import annotations
 
 from data_prep.categories import DEFAULT_TEMPLATES, SAFE_LABEL, as_categories, default_categories
+from data_prep.numbers import FRACTION
 
 # Index 0: non-private, index 1: private. The lowercase start is the reference's.
 INSTRUCT_TEMPLATES = DEFAULT_TEMPLATES
@@ -76,3 +77,11 @@ def expected_verdict(label: str, is_privacy: int, scenario_is_privacy: int | Non
     if scenario_is_privacy == 0:
         return "respond"
     return "reject" if is_privacy else "respond"
+
+
+def own_label_problem(value) -> str | None:
+    """The item's own entry in other_labels is replaced per sample (the released files hold 0.5 there), but must
+    still be a number in [0, 1]: NaN, text or a bool there is a broken file."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"expected a number in [0, 1] (it is replaced per sample), got {value!r}"
+    return FRACTION.problem(value)

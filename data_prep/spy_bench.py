@@ -27,7 +27,7 @@ from pathlib import Path
 from data_prep.categories import as_categories, template_problem
 from data_prep.errors import InputError, check_image, read_text
 from data_prep.paths import inside
-from data_prep.spy import SAFE_LABEL, compose_prompt, instruction_block
+from data_prep.spy import SAFE_LABEL, compose_prompt, instruction_block, own_label_problem
 
 
 def to_bench_item(item: dict, texts: dict[str, str] | None = None) -> dict:
@@ -111,6 +111,7 @@ def _is_flag(value) -> bool:
     return isinstance(value, (int, float)) and value in (0, 1)
 
 
+
 def check_item(item, where, path, distractors: bool, images_dir=None, categories=None) -> dict[str, str]:
     """Raise InputError on the first problem of one item; return the label texts it uses."""
     def fail(field, message):
@@ -158,6 +159,8 @@ def check_item(item, where, path, distractors: bool, images_dir=None, categories
                 fail(f"other_labels.{key}", cats.unknown_label(key, path))
             if key != label and not _is_flag(value):
                 fail(f"other_labels.{key}", f"expected 0 or 1, got {value!r}")
+            if key == label and (problem := own_label_problem(value)):
+                fail(f"other_labels.{key}", problem)
     seen = set()
     for field in ("non_privacy_scenarios", "privacy_scenarios"):
         if not isinstance(item[field], list):

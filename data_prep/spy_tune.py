@@ -24,7 +24,6 @@ and a one-line summary, or exit 2 and the first problems, one per line, naming f
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from data_prep import spy
 from data_prep.categories import CategorySet, as_categories, template_problem
+from data_prep.entry import ArgumentParser, run_command
 from data_prep.errors import InputError, check_image, read_json
 from data_prep.paths import inside
 
@@ -134,6 +134,8 @@ def check_item(item, path, where, label_texts: dict[str, str], image_folder: Pat
             fail(f"other_labels.{key}", as_categories(categories).unknown_label(key, path))
         if key != label and (isinstance(value, bool) or value not in (0, 1)):
             fail(f"other_labels.{key}", f"expected 0 or 1, got {json.dumps(value)}")
+        if key == label and (problem := spy.own_label_problem(value)):
+            fail(f"other_labels.{key}", problem)
     templates = item.get("instruct_templates")
     if templates is not None:
         if not isinstance(templates, list) or len(templates) != 2:
@@ -304,10 +306,7 @@ MAX_SHOWN = 20
 
 
 def main(argv=None) -> int:
-    from data_prep.secrets import guard_streams
-
-    guard_streams()  # nothing printed holds a key
-    parser = argparse.ArgumentParser(prog="python -m data_prep.spy_tune", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m data_prep.spy_tune", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     validate = commands.add_parser("validate", help="check a SPY-Tune file and its images, without training")
     validate.add_argument("file", help="SPY-Tune JSON ({\"data_list\": [...]})")
@@ -334,4 +333,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main)

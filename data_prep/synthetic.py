@@ -31,7 +31,9 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 from data_prep.categories import as_categories
+from data_prep.entry import ArgumentParser, run_command
 from data_prep.errors import InputError
+from data_prep.numbers import option
 from data_prep.runs import check_outputs, claim_folder
 from data_prep.spy import draw_other_labels
 from data_prep.spy_bench import to_bench_item
@@ -213,15 +215,12 @@ def text_corpus(categories=None, general: bool = False) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from data_prep.secrets import guard_streams
-
-    guard_streams()  # nothing printed holds a key
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--train-per-label", type=int, default=60)
-    parser.add_argument("--test-per-label", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--image-size", type=int, default=56)
+    parser.add_argument("--train-per-label", type=option("train_per_label"), default=60)
+    parser.add_argument("--test-per-label", type=option("test_per_label"), default=2)
+    parser.add_argument("--seed", type=option("seed"), default=0)
+    parser.add_argument("--image-size", type=option("image_size"), default=56)
     parser.add_argument("--categories", help="category file (default: SPY's 67 categories and 24 scenarios)")
     args = parser.parse_args(argv)
     try:
@@ -244,4 +243,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

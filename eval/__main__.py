@@ -10,7 +10,7 @@ import importlib
 import sys
 
 from data_prep import log
-from data_prep.errors import InputError
+from data_prep.entry import run_main
 
 # benchmark -> module exposing `main(argv: list[str]) -> int`
 COMMANDS = {
@@ -30,12 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: python -m eval {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     log.setup()
-    module = importlib.import_module(COMMANDS[argv[0]])
-    try:
-        return module.main(argv[1:]) or 0
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_main(lambda: importlib.import_module(COMMANDS[argv[0]]).main(argv[1:]))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError, read_json
 from data_prep.runs import check_outputs, write_json, write_text
 
@@ -93,7 +94,7 @@ def compare(folders: list, out, names: list[str] | None = None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval compare", description=__doc__,
+    parser = ArgumentParser(prog="python -m eval compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", help="suite output folders (or their results.json); the first is the baseline")
     parser.add_argument("--names", nargs="+", help="one row name per folder (default: folder names)")

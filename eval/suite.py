@@ -32,6 +32,7 @@ import os
 import sys
 from pathlib import Path
 
+from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError
 from data_prep.runs import nonempty, write_json, write_text
 
@@ -197,8 +198,22 @@ def load_config(path, root: str | None = None, overrides: dict | None = None) ->
         if "free-form" in geo["settings"] and judge == "rule":
             raise InputError(path, None, "sections.geo.settings",
                              "free-form answers need an LLM granularity judge (judge: {model: ...}); mcq needs none")
+    _check_numbers(path, config, judge, sections)
     return {**config, "backend": config.get("backend", "hf"), "backend_options": config.get("backend_options") or {},
             "judge": judge, "sections": sections}
+
+
+def _check_numbers(path, config: dict, judge, sections: dict) -> None:
+    """Every number of the suite (a section's limit, a backend's timeout, the judge's concurrency, ...) is one, finite
+    and in the range its command-line option has (data_prep/numbers.py), before anything runs."""
+    from data_prep.numbers import check_mapping
+
+    for name, entry in sections.items():
+        check_mapping(path, entry, f"sections.{name}")
+    if isinstance(config.get("backend_options"), dict):
+        check_mapping(path, config["backend_options"], "backend_options")
+    if isinstance(judge, dict):
+        check_mapping(path, judge, "judge")
 
 
 # ----------------------------------------------------------------------------------------------- sections
@@ -570,7 +585,7 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval suite", description=__doc__,
+    parser = ArgumentParser(prog="python -m eval suite", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="suite YAML, e.g. eval/suites/demo.yaml")
     parser.add_argument("--model", required=True, type=nonempty, help="checkpoint folder or Hub id (served name for openai)")

@@ -22,11 +22,11 @@ import logging
 import os
 from pathlib import Path
 
-from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from data_prep import log
 from data_prep.errors import InputError, new_file_mode
+from losses.finite import FiniteTrainingMixin
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,40 @@ def require_extras(training_args) -> None:
                          "wandb is not installed: pip install -c constraints.txt -e \".[wandb]\", or report_to: none")
 
 
-class HubFormatResumeMixin:
+def is_complete_checkpoint(folder) -> bool:
+    """The Trainer writes trainer_state.json last (after weights, optimizer, scheduler and RNG states): a checkpoint
+    whose state file is missing or torn was cut short by a kill, and resuming from it would crash or mislead."""
+    try:
+        return isinstance(json.loads((Path(folder) / "trainer_state.json").read_text(encoding="utf-8")), dict)
+    except (OSError, ValueError):
+        return False
+
+
+def _checkpoints(output_dir) -> list[Path]:
+    """checkpoint-N folders of output_dir, newest (highest N) first."""
+    folder = Path(output_dir)
+    found = [p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name.split("-", 1)[1].isdigit()] \
+        if folder.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name.split("-", 1)[1]), reverse=True)
+
+
+def last_complete_checkpoint(output_dir) -> str | None:
+    """The newest complete checkpoint (`resume_from_checkpoint: true`), skipping any a kill left half-written."""
+    return next((str(p) for p in _checkpoints(output_dir) if is_complete_checkpoint(p)), None)
+
+
+def remove_incomplete_checkpoints(output_dir) -> None:
+    """Half-written checkpoints go before training (main process): else the Trainer's rotation (save_total_limit,
+    by step number) could keep one of them and delete the complete checkpoint just written."""
+    import shutil
+
+    for path in _checkpoints(output_dir):
+        if not is_complete_checkpoint(path):
+            logger.warning(f"removing {path}: a run was stopped while writing it (no complete trainer_state.json)")
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class HubFormatResumeMixin(FiniteTrainingMixin):
     def __init__(self, *args, **kwargs):
         require_extras(kwargs.get("args"))
         log.quiet_third_party()  # before the Trainer's __init__, which may already run the reference pass (precompute)
@@ -62,10 +95,13 @@ class HubFormatResumeMixin:
                         getattr(self.model.config, "_name_or_path", "?"), json.dumps(non_default_arguments(self.args)))
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        checkpoint = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
+        checkpoint = last_complete_checkpoint(self.args.output_dir) if resume_from_checkpoint is True \
+            else resume_from_checkpoint
         if self.args.should_log and not (resume_from_checkpoint is True and checkpoint is None):  # the Trainer raises
             logger.info(f"resuming from {checkpoint}" if checkpoint else f"training from the start into {self.args.output_dir}")
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        if self.args.should_save:
+            remove_incomplete_checkpoints(self.args.output_dir)
+        return super().train(checkpoint or resume_from_checkpoint, *args, **kwargs)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         model = self.model if model is None else model

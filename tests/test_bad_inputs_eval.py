@@ -146,7 +146,7 @@ CASES = [
     ("spy-generate-limit-not-a-number", None, spy_gen("--limit", "ten"), ["--limit: expected a whole number"]),
     ("spy-generate-max-new-tokens-negative", None, spy_gen("--max-new-tokens", "-5"),
      ["--max-new-tokens: must be at least 1, got -5"]),
-    ("spy-generate-timeout-0", None, spy_gen("--timeout", "0"), ["--timeout: must be a positive number"]),
+    ("spy-generate-timeout-0", None, spy_gen("--timeout", "0"), ["--timeout: must be > 0, got 0"]),
     ("spy-generate-max-retries-negative", None, spy_gen("--max-retries", "-1"), ["--max-retries: must be at least 0"]),
     ("spy-generate-model-not-found", None, ["spy", "generate", "--backend", "hf", "--model", "no-such-folder",
                                             "--items", "q.json", "--images", ".", "--out", "out.jsonl"],

@@ -118,7 +118,7 @@ def test_geo_generate_refuses_another_models_run(work):
 
 
 def test_concurrency_zero_is_refused_on_the_command_line_and_in_the_client():
-    with pytest.raises(ValueError, match="concurrency must be at least 1"):
+    with pytest.raises(ValueError, match="concurrency: must be at least 1"):
         ChatClient("m", base_url=DEAD, concurrency=0)  # would otherwise wait forever for a free slot
 
 

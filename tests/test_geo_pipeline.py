@@ -224,10 +224,11 @@ def test_judge_run_shortcuts_faults_and_resume(tmp_path):
 # --- coordinates ----------------------------------------------------------------------------------------------
 
 class Geocoder:
-    """A Google-Geocoding-shaped HTTP server: `places` maps an address to (lat, lng) or to a status string."""
+    """A Google-Geocoding-shaped HTTP server: `places` maps an address to (lat, lng) or to a status string;
+    `http_status` is the HTTP status of every answer (401 / 403: a refused key)."""
 
-    def __init__(self, places):
-        self.places, self.queries = places, []
+    def __init__(self, places, http_status: int = 200):
+        self.places, self.queries, self.http_status = places, [], http_status
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -245,7 +246,7 @@ class Geocoder:
                     body = {"status": "OK", "results": [{"geometry": {"location": {"lat": found[0], "lng": found[1]}},
                                                          "formatted_address": address, "types": ["point_of_interest"]}]}
                 data = json.dumps(body).encode()
-                self.send_response(200)
+                self.send_response(outer.http_status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

@@ -268,6 +268,9 @@ def attach(trainer, method: str, script_args, training_args, model_args) -> None
     if str(training_args.hub_strategy).split(".")[-1].lower() != "checkpoint":
         trainer.args.push_to_hub = False
     trainer.add_callback(callback)
+    from train.resume import RunSettings, run_settings
+
+    trainer.add_callback(RunSettings(run_settings(script_args, training_args, model_args)))  # in every checkpoint
 
 
 def finish(trainer, method: str, script_args, training_args, model_args) -> None:

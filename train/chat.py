@@ -13,6 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from data_prep.entry import ArgumentParser, run_command
+from data_prep.numbers import option
+
 
 def answer(model_path: str, image: str, instruction: str, question: str, max_new_tokens: int = 256,
            model=None, processor=None) -> str:
@@ -32,16 +35,13 @@ def answer(model_path: str, image: str, instruction: str, question: str, max_new
 
 
 def main(argv: list[str] | None = None) -> int:
-    from data_prep.secrets import guard_streams
-
-    guard_streams()  # nothing printed holds a key
-    parser = argparse.ArgumentParser(prog="python -m train.chat", description=__doc__,
+    parser = ArgumentParser(prog="python -m train.chat", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="model folder, LoRA adapter folder, or Hub id")
     parser.add_argument("--image", required=True)
     parser.add_argument("--instruction", default="", help="the privacy boundary, in plain language")
     parser.add_argument("--question", required=True)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=option("max_new_tokens"), default=256)
     args = parser.parse_args(argv)
     if not Path(args.image).is_file():
         print(f"error: --image {args.image}: no such file", file=sys.stderr)
@@ -60,4 +60,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main)

@@ -8,10 +8,11 @@ import logging
 import os
 import re
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from data_prep import numbers
+from data_prep.entry import run_command
 from data_prep.errors import InputError, unwritable
 from data_prep.strict_yaml import did_you_mean
 
@@ -42,22 +43,15 @@ class SpyTuneArguments:
                                                            "(the study's helpful backbone)."})
     general_data_path: str | None = field(default=None, metadata={"help": "SFT only: general-task JSON whose rows are "
                                                                           "added (data_prep/synthetic.py)."})
+    resume_with_new_settings: bool = field(default=False, metadata={
+        "help": "Resume from a checkpoint trained with other settings or data (refused without it; train/resume.py)."})
 
 
 def run(main) -> None:
-    """Run an entry script: bad input (InputError, from any check) ends it with one line and exit status 2."""
-    from data_prep.secrets import guard_streams
-
-    guard_streams()  # nothing printed (logs, tracebacks) holds a key
-    try:
-        main()
-    except InputError as err:
-        # Under a multi-process launcher every process fails alike, and the launcher stops the others when the first
-        # one exits: process 0 reports at once, any other only if it is still running a moment later.
-        if int(os.environ.get("LOCAL_RANK", "0")) > 0:
-            time.sleep(10)
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    """Run an entry script through the shared wrapper (data_prep/entry.py): bad input ends it with one line and
+    exit status 2, a diverged loss with one line and 1, Ctrl-C with one line and 130."""
+    run_command(main, interrupted="interrupted; the same command with --resume_from_checkpoint true resumes from the "
+                            "last complete checkpoint")
 
 
 def parse_recipe(*dataclass_types):
@@ -170,11 +164,21 @@ def _source(name: str | None = None) -> str:
     return argv[0] if argv and argv[0].endswith((".yaml", ".yml")) else "command line"
 
 
-# Options that must be > 0, or >= 0, when set (None means unset); checked on every config that has them.
-POSITIVE = ("learning_rate", "per_device_train_batch_size", "per_device_eval_batch_size",
-            "gradient_accumulation_steps", "num_train_epochs", "logging_steps", "save_steps", "eval_steps",
-            "save_total_limit", "beta", "max_length", "num_train_samples", "min_pixels", "max_pixels")
-NON_NEGATIVE = ("warmup_steps", "weight_decay", "max_grad_norm", "seed", "dataloader_num_workers")
+# Recipe options and their ranges (None means unset), checked on every config that has them; every other float
+# option must be finite (data_prep/numbers.py).
+TRAINING_RULES = {
+    **{name: numbers.POSITIVE for name in (
+        "learning_rate", "num_train_epochs", "beta", "lora_alpha", "adam_epsilon")},
+    **{name: numbers.whole(1) for name in (
+        "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "logging_steps",
+        "save_steps", "eval_steps", "save_total_limit", "max_length", "num_train_samples", "min_pixels", "max_pixels",
+        "lora_r")},
+    **{name: numbers.NON_NEGATIVE for name in ("warmup_steps", "weight_decay", "max_grad_norm")},
+    **{name: numbers.whole(0) for name in ("seed", "dataloader_num_workers")},
+    **{name: numbers.real(0, 1, high_open=True) for name in (
+        "lora_dropout", "adam_beta1", "adam_beta2", "label_smoothing_factor", "label_smoothing")},
+    "warmup_ratio": numbers.FRACTION,
+}
 
 
 def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
@@ -183,11 +187,11 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
         raise option_error(name, message)
 
     for config in (script_args, training_args, model_args):
-        for names, ok, rule in ((POSITIVE, lambda v: v > 0, "> 0"), (NON_NEGATIVE, lambda v: v >= 0, ">= 0")):
-            for name in names:
-                value = getattr(config, name, None)
-                if value is not None and not ok(value):
-                    fail(name, f"must be {rule}, got {value}")
+        numbers.check_finite_fields(config, fail)
+        for name, rule in TRAINING_RULES.items():
+            value = getattr(config, name, None)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and rule.problem(value):
+                fail(name, rule.problem(value))
     if training_args.max_steps == 0 or training_args.max_steps < -1:
         fail("max_steps", f"must be > 0 (or -1: train num_train_epochs), got {training_args.max_steps}")
     if None not in (script_args.min_pixels, script_args.max_pixels) and script_args.min_pixels > script_args.max_pixels:
@@ -222,13 +226,10 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
     problem = unwritable(out, is_folder=True)
     if problem:
         fail("output_dir", f"{out} {problem}")
-    resume = resume_checkpoint(training_args)
-    if resume is True and not any(out.glob("checkpoint-*")):
-        fail("resume_from_checkpoint", f"no checkpoint-* folder in {out} to resume from")
-    if resume not in (None, True) and not Path(resume).is_dir():
-        fail("resume_from_checkpoint", f"checkpoint folder not found: {resume}")
     from data_prep import locks
+    from train.resume import check_resume
 
+    check_resume(script_args, training_args, model_args, resume_checkpoint(training_args), fail)
     locks.acquire(out, "training output folder")  # held until the process ends: one training run per folder
 
 
@@ -236,10 +237,31 @@ def load_model_and_processor(model_args, script_args: SpyTuneArguments, training
     """Model and processor through `from_pretrained`, as for Qwen2-VL-7B-Instruct on the Hub."""
     _log_arguments(script_args, model_args)
     try:
-        return _load_model_and_processor(model_args, script_args, training_args)
+        model, processor = _load_model_and_processor(model_args, script_args, training_args)
     except OSError as err:  # not a local folder and not on the Hub (or offline), unreadable weights
         raise option_error("model_name_or_path",
                            f"cannot load {model_args.model_name_or_path}: {str(err).splitlines()[0]}") from None
+    if model_args.use_peft:
+        check_lora_targets(model, model_args.lora_target_modules, "lora_target_modules")
+        check_lora_targets(model, model_args.lora_modules_to_save, "lora_modules_to_save")
+    return model, processor
+
+
+def check_lora_targets(model, targets, option: str) -> None:
+    """Each module name a LoRA option lists matches a module of the model, as PEFT matches it (the whole name or its
+    last dotted parts): PEFT itself only asks that one of them match, so a typo would train without it, silently."""
+    if not targets or isinstance(targets, str) or list(targets) == ["all-linear"]:
+        return
+    names = [name for name, _ in model.named_modules()]
+    for target in targets:
+        if not any(name == target or name.endswith("." + target) for name in names):
+            leaves = sorted({name.rsplit(".", 1)[-1] for name in names if name})
+            raise option_error(option, f"{target!r} matches no module of {_model_name(model)}"
+                                       f"{did_you_mean(target, leaves)}")
+
+
+def _model_name(model) -> str:
+    return getattr(model.config, "_name_or_path", None) or type(model).__name__
 
 
 def _load_model_and_processor(model_args, script_args: SpyTuneArguments, training_args):

@@ -27,7 +27,9 @@ import time
 from pathlib import Path
 
 from data_prep import strict_yaml
+from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError
+from data_prep.numbers import option
 from data_prep.runs import claim_folder, write_json, write_text
 from train.common import run
 
@@ -176,18 +178,15 @@ def plot(report: dict, out: Path, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from data_prep.secrets import guard_streams
-
-    guard_streams()  # nothing printed holds a key
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="outputs/demo")
-    parser.add_argument("--sft-steps", type=int, default=None, help="default: recipes/demo/sft.yaml (400)")
-    parser.add_argument("--nca-p-steps", type=int, default=None, help="default: recipes/demo/nca_p.yaml (60)")
-    parser.add_argument("--train-per-label", type=int, default=60, help="synthetic SPY-Tune items per category")
-    parser.add_argument("--test-per-label", type=int, default=2, help="held-out SPY-Bench items per category")
-    parser.add_argument("--eval-batch-size", type=int, default=64)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--eval-limit", type=int, default=None, help="evaluate only the first N samples (tests)")
+    parser.add_argument("--sft-steps", type=option("sft_steps"), default=None, help="default: recipes/demo/sft.yaml (400)")
+    parser.add_argument("--nca-p-steps", type=option("nca_p_steps"), default=None, help="default: recipes/demo/nca_p.yaml (60)")
+    parser.add_argument("--train-per-label", type=option("train_per_label"), default=60, help="synthetic SPY-Tune items per category")
+    parser.add_argument("--test-per-label", type=option("test_per_label"), default=2, help="held-out SPY-Bench items per category")
+    parser.add_argument("--eval-batch-size", type=option("eval_batch_size"), default=64)
+    parser.add_argument("--max-new-tokens", type=option("max_new_tokens"), default=32)
+    parser.add_argument("--eval-limit", type=option("eval_limit"), default=None, help="evaluate only the first N samples (tests)")
     parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                         help="extra recipe overrides for both stages, e.g. --train-args --logging_steps 5")
     args = parser.parse_args(argv)

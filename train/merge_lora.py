@@ -14,6 +14,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from data_prep.entry import ArgumentParser, run_command
+
 
 def fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
@@ -59,10 +61,7 @@ def merge(adapter, out, dtype: str = "auto") -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from data_prep.secrets import guard_streams
-
-    guard_streams()  # nothing printed holds a key
-    parser = argparse.ArgumentParser(prog="python -m train.merge_lora", description=__doc__,
+    parser = ArgumentParser(prog="python -m train.merge_lora", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("adapter", help="folder with adapter_config.json + adapter_model.safetensors")
     parser.add_argument("--out", required=True, help="folder for the merged model (must not exist or be empty)")
@@ -74,4 +73,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main)

@@ -30,6 +30,8 @@ from pathlib import Path
 # count rounds floats differently), and on a shared 2-core machine two threads per process ran 2x slower than one.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from data_prep.entry import ArgumentParser
+from data_prep.numbers import option
 from train.common import METHOD_NAMES, run  # noqa: E402
 from train.demo import ROOT, SETTINGS, Clock, build_once, open_out, train  # noqa: E402
 
@@ -168,21 +170,18 @@ def plot(report: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from data_prep.secrets import guard_streams
-
-    guard_streams()  # nothing printed holds a key
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="outputs/study")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--backbone-steps", type=int, default=None, help="default: recipes/study/backbone.yaml")
-    parser.add_argument("--steps", type=int, default=None, help="alignment steps of every method (default: recipes)")
-    parser.add_argument("--train-per-label", type=int, default=20, help="synthetic SPY-Tune items per category")
-    parser.add_argument("--test-per-label", type=int, default=2, help="held-out SPY-Bench items per category")
-    parser.add_argument("--general-train", type=int, default=2000, help="general-task training questions")
-    parser.add_argument("--general-test", type=int, default=200, help="held-out general-task questions")
-    parser.add_argument("--eval-batch-size", type=int, default=64)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--eval-limit", type=int, default=None, help="evaluate only the first N samples (tests)")
+    parser.add_argument("--seeds", type=option("seed"), nargs="+", default=[0, 1, 2])
+    parser.add_argument("--backbone-steps", type=option("backbone_steps"), default=None, help="default: recipes/study/backbone.yaml")
+    parser.add_argument("--steps", type=option("steps"), default=None, help="alignment steps of every method (default: recipes)")
+    parser.add_argument("--train-per-label", type=option("train_per_label"), default=20, help="synthetic SPY-Tune items per category")
+    parser.add_argument("--test-per-label", type=option("test_per_label"), default=2, help="held-out SPY-Bench items per category")
+    parser.add_argument("--general-train", type=option("general_train"), default=2000, help="general-task training questions")
+    parser.add_argument("--general-test", type=option("general_test"), default=200, help="held-out general-task questions")
+    parser.add_argument("--eval-batch-size", type=option("eval_batch_size"), default=64)
+    parser.add_argument("--max-new-tokens", type=option("max_new_tokens"), default=32)
+    parser.add_argument("--eval-limit", type=option("eval_limit"), default=None, help="evaluate only the first N samples (tests)")
     parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                         help="extra recipe overrides for every training run, e.g. --train-args --logging_steps 1")
     args = parser.parse_args(argv)

@@ -20,6 +20,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from data_prep.entry import ArgumentParser
+from data_prep.errors import InputError
+from data_prep.numbers import option
 from train.common import run
 
 ASSETS = Path(__file__).parent / "assets"
@@ -239,19 +242,15 @@ def build_tiny_model(
 
 
 def main(argv: list[str] | None = None) -> None:
-    from data_prep.secrets import guard_streams
-
-    guard_streams()  # nothing printed holds a key
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
     parser.add_argument("--family", default="qwen2_vl", choices=list(FAMILIES))
-    parser.add_argument("--hidden", type=int, default=DEMO_CONFIG["hidden"])
-    parser.add_argument("--layers", type=int, default=DEMO_CONFIG["layers"])
-    parser.add_argument("--vision-depth", type=int, default=DEMO_CONFIG["vision_depth"])
-    parser.add_argument("--vision-embed", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hidden", type=option("hidden"), default=DEMO_CONFIG["hidden"])
+    parser.add_argument("--layers", type=option("layers"), default=DEMO_CONFIG["layers"])
+    parser.add_argument("--vision-depth", type=option("vision_depth"), default=DEMO_CONFIG["vision_depth"])
+    parser.add_argument("--vision-embed", type=option("vision_embed"), default=32)
+    parser.add_argument("--seed", type=option("seed"), default=0)
     args = parser.parse_args(argv)
-    from data_prep.errors import InputError
     from data_prep.runs import check_outputs, claim_folder
 
     try:

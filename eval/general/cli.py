@@ -16,6 +16,7 @@ import ast
 import logging
 from pathlib import Path
 
+from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError
 from data_prep.runs import RunFile, check_outputs, int_at_least, nonempty
 from eval.general import mme, mmmu, ocrbench, results
@@ -161,7 +162,7 @@ def report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m eval general", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m eval general", description=__doc__.split("\n\n")[0])
     steps = parser.add_subparsers(dest="step", required=True)
     for name, bench in BENCHES.items():
         p = steps.add_parser(name, help=f"generate {name} answers into a resumable run file")

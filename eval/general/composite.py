@@ -13,9 +13,9 @@ with `--general-dir`, single files given with `--mmmu/--ocrbench/--mme` override
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError
 from data_prep.runs import check_outputs, write_json
 from eval.general.results import BENCHMARKS, NORMALIZER, as_number, find_result, read_json_file, read_result
@@ -85,7 +85,7 @@ def summary(result: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval composite", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m eval composite", description=__doc__.split("\n\n")[0])
     parser.add_argument("--spy", required=True, help="JSON of `python -m eval spy metrics`")
     parser.add_argument("--general-dir", help="directory with the MMMU, OCRBench and MME result files")
     for benchmark in BENCHMARKS:

@@ -14,8 +14,9 @@ import logging
 import sys
 from pathlib import Path
 
+from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError, check_image, read_text
-from data_prep.runs import RunFile, check_outputs, int_at_least, nonempty, warn_unequal_counts
+from data_prep.runs import RunFile, check_outputs, int_at_least, nonempty, warn_if_empty, warn_unequal_counts
 from eval.geoprivacy import data
 from eval.geoprivacy.prompts import MAX_FOLLOWUPS, METHODS, PROMPT_FORMATS
 
@@ -142,6 +143,11 @@ def cmd_judge(args) -> int:
     cache = args.cache or f"{args.out}.judge_cache.jsonl"
     check_outputs([args.input], [args.out, cache])
     records = _read_run(args.input, ("id", "response"))
+    for n, record in enumerate(records, 1):  # a record without an error holds the answer to judge
+        if not record.get("error") and not isinstance(record["response"], str):
+            raise InputError(args.input, n, "response", f"expected the answer's text, got {record['response']!r} "
+                             "(only a failed generation, with an error, has none)")
+    warn_if_empty(args.input, records, "geo judge")
     failed = [r["id"] for r in records if r.get("error")]
     RunFile(args.out, header={"step": "geo judge", "judge_model": args.judge_model}, new_run=args.new_run)
     client = _judge_client(args.judge_model, args.base_url, args.api_key_env, args.concurrency, cache)
@@ -168,7 +174,7 @@ def cmd_coordinates(args) -> int:
     if not key:
         raise InputError("environment", None, args.geocoder_key_env, "not set (the geocoder key is read from here)")
     try:
-        geocoder = GoogleGeocoder(key, url=args.geocoder_url or GOOGLE_GEOCODE_URL)
+        geocoder = GoogleGeocoder(key, url=args.geocoder_url or GOOGLE_GEOCODE_URL, key_env=args.geocoder_key_env)
     except ValueError as err:
         raise InputError("--geocoder-url", None, None, str(err)) from None
     client = _judge_client(args.extract_model, args.base_url, args.api_key_env, args.concurrency, cache)
@@ -260,7 +266,7 @@ def cmd_metrics(args) -> int:
 # --- argument parsing -----------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m eval geo", description=__doc__,
+    parser = ArgumentParser(prog="python -m eval geo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 import urllib.parse
 
-from geopy.exc import GeopyError
+from geopy.exc import GeocoderAuthenticationFailure, GeocoderInsufficientPrivileges, GeopyError
 from geopy.extra.rate_limiter import RateLimiter
 from geopy.geocoders import GoogleV3
 from tqdm import tqdm
 
+from data_prep.errors import key_refused
 from data_prep.runs import RunFile, iter_chunks
 from eval.geoprivacy.prompts import PROMPTS, extraction_messages, judge_messages
 
@@ -99,13 +100,24 @@ class GoogleGeocoder:
     caller records an error and a re-run retries the row. `url` points it at another endpoint (tests)."""
 
     def __init__(self, api_key: str, url: str = GOOGLE_GEOCODE_URL, timeout: float = 30.0,
-                 min_delay_seconds: float = 1 / 50, error_wait_seconds: float = 2.0):
+                 min_delay_seconds: float = 1 / 50, error_wait_seconds: float = 2.0,
+                 key_env: str = "GOOGLE_MAPS_API_KEY"):
         parts = urllib.parse.urlsplit(url)
         if parts.path != GoogleV3.api_path:
             raise ValueError(f"geocoder url {url!r}: the path must be {GoogleV3.api_path} (GoogleV3's)")
-        google = GoogleV3(api_key=api_key, domain=parts.netloc, scheme=parts.scheme, timeout=timeout)
+        google = _KeyCheckingGoogleV3(api_key=api_key, domain=parts.netloc, scheme=parts.scheme, timeout=timeout)
+        endpoint = f"{parts.scheme}://{parts.netloc}{parts.path}"
+
+        def geocode(*args, **kwargs):
+            try:
+                return google.geocode(*args, **kwargs)
+            except (GeocoderAuthenticationFailure, GeocoderInsufficientPrivileges) as err:
+                # not a GeocoderServiceError any more: RateLimiter does not retry it, and the run stops (exit 2)
+                raise key_refused(endpoint, key_env, 403 if isinstance(err, GeocoderInsufficientPrivileges)
+                                  else 401) from None
+
         # Google allows 50 requests a second; quota/server errors are retried twice before they raise
-        self._geocode = RateLimiter(google.geocode, min_delay_seconds=min_delay_seconds, max_retries=2,
+        self._geocode = RateLimiter(geocode, min_delay_seconds=min_delay_seconds, max_retries=2,
                                     error_wait_seconds=error_wait_seconds, swallow_exceptions=False)
 
     def geocode(self, address: str) -> dict | None:
@@ -114,6 +126,16 @@ class GoogleGeocoder:
             return None
         return {"lat": found.latitude, "lng": found.longitude, "formatted_address": found.raw.get("formatted_address"),
                 "types": found.raw.get("types", [])}
+
+
+class _KeyCheckingGoogleV3(GoogleV3):
+    """GoogleV3, with Google's answer to a bad key (HTTP 200, status REQUEST_DENIED) raised as the authentication
+    failure it is (geopy raises it as a query error, like a malformed request)."""
+
+    def _check_status(self, response):
+        if response.get("status") == "REQUEST_DENIED":
+            raise GeocoderAuthenticationFailure("the key was refused (REQUEST_DENIED)")
+        return super()._check_status(response)
 
 
 def coordinates_run(client, geocoder, records: list[dict], out_path, new_run: bool = False) -> list[dict]:

@@ -15,7 +15,9 @@ import json
 import logging
 from pathlib import Path
 
+from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError, read_json
+from data_prep.numbers import option
 from data_prep.runs import (
     RunFile,
     check_outputs,
@@ -23,6 +25,7 @@ from data_prep.runs import (
     int_at_least,
     nonempty,
     read_jsonl,
+    warn_if_empty,
     warn_unequal_counts,
     write_json,
     write_jsonl,
@@ -115,6 +118,7 @@ def cmd_judge(args) -> int:
     check_outputs([args.data, args.predictions], [args.out, cache])
     records = _load(args)
     predictions = _predictions(args.predictions, records)
+    warn_if_empty(args.predictions, predictions, "spatialtrust judge")
     RunFile(args.out, header={"step": "spatialtrust judge", "judge_model": args.judge_model}, new_run=args.new_run)
     client = JudgeClient(args.judge_model, base_url=args.base_url, api_key_env=args.api_key_env,
                          concurrency=args.concurrency, cache_path=cache)
@@ -175,7 +179,7 @@ def cmd_report(args) -> int:
 
 # ----------------------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m eval spatialtrust", description=__doc__,
+    parser = ArgumentParser(prog="python -m eval spatialtrust", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     steps = parser.add_subparsers(dest="step", required=True)
 
@@ -187,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = steps.add_parser("synthetic", help="draw a synthetic dataset")
     p.add_argument("--out", required=True)
     p.add_argument("--n-images", type=int_at_least(1), default=24)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=option("seed"), default=0)
     p.add_argument("--width", type=int_at_least(32), default=480)
     p.add_argument("--height", type=int_at_least(32), default=320)
     p.set_defaults(func=cmd_synthetic)

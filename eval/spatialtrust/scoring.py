@@ -21,7 +21,7 @@ from eval.spatialtrust.data import (
     question,
     with_line_numbers,
 )
-from eval.spatialtrust.parsing import parse_choices
+from eval.spatialtrust.parsing import option_key, parse_choices
 
 TAU = 0.5
 
@@ -60,9 +60,13 @@ def score_choice_set(q: dict, pred, width: int, height: int, tau: float = TAU,
     """q2/q3: (score in [0, 1], malformed boxes). Any option outside the ground truth zeroes the score."""
     if is_unparsable(q["qid"], pred):
         return 0.0, 0
-    chosen = set(pred["choices"])
+    # normalised as q1 is ("b", "(B)" or the option's text are "B"), the boxes' keys too; a token that is no
+    # option counts as an option outside the ground truth
+    keys, error = parse_choices(pred["choices"], q["options"], single=False) if pred["choices"] else ([], None)
+    chosen = set(keys) if error is None else {None}
     truth = set(q["answer"])
     boxes = pred.get("boxes") if isinstance(pred.get("boxes"), dict) else {}
+    boxes = {(option_key(k, q["options"]) or k): v for k, v in boxes.items()}
     malformed = 0
     for option in chosen & truth:
         malformed += _valid_boxes(boxes.get(option, []), width, height, clip)[1]

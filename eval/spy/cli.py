@@ -25,6 +25,7 @@ import logging
 from pathlib import Path
 
 from data_prep.categories import CategorySet, as_categories
+from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError, read_json
 from data_prep.runs import (
     RunFile,
@@ -33,6 +34,7 @@ from data_prep.runs import (
     nonempty,
     positive_float,
     read_jsonl,
+    warn_if_empty,
     warn_unequal_counts,
     write_json,
     write_text,
@@ -205,6 +207,7 @@ def judge(run, out, judge_model: str | None = None, base_url: str | None = None,
     check_outputs([run, _path(categories)], [out, None if rule else cache])
     cats = as_categories(categories)
     records = _judge_inputs(run, resp_key, cats)
+    warn_if_empty(run, records, "spy judge")
     done = RunFile(out, header={"step": "spy judge", "judge": name, "resp_key": resp_key, **categories_header(cats)},
                    new_run=new_run)
     todo = []
@@ -368,7 +371,7 @@ CATEGORIES_HELP = "category file the items were made with (default: SPY's 67 cat
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m eval spy", description=__doc__,
+    parser = ArgumentParser(prog="python -m eval spy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     steps = parser.add_subparsers(dest="step", required=True)
 

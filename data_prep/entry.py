@@ -1,0 +1,130 @@
+"""How every command line ends: the one wrapper around `python -m eval`, `python -m data_prep.*` and `train/*.py`.
+
+    if __name__ == "__main__":
+        run_command(main)
+
+Whatever stops a command is said in one line on stderr, with an exit status a script can test:
+
+    2    bad input (InputError: a file, line and field; a key the endpoint refused; a closed stdout / stderr)
+    1    the run stopped (RunStopped: a NaN loss, ...) or the machine failed it (no space left, no permission)
+    130  Ctrl-C: "interrupted; the same command resumes" (run files and checkpoints keep what was done)
+
+Tracebacks are left for bugs. `ArgumentParser` is argparse's, with its errors as one such line (no usage block).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+import time
+
+from data_prep.errors import InputError, RunStopped
+
+RESUMES = "interrupted; the same command resumes"
+# What the machine, not the input, did to a write: one line each, never a traceback.
+OS_FAILURES = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+               errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+               errno.EROFS: "read-only file system", errno.EIO: "input/output error"}
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser; a bad or missing option is InputError (one line, exit 2), not usage + message."""
+
+    def error(self, message):
+        raise InputError("command line", None, None, message.removeprefix("argument "))
+
+
+def _is_main_process() -> bool:
+    return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) == 0
+
+
+def _say(line: str) -> None:
+    """One line on stderr (stdout when stderr is closed); a stream that fails takes the line with it."""
+    for stream in (sys.stderr, sys.stdout):
+        if stream is None:
+            continue
+        try:
+            print(line, file=stream, flush=True)
+            return
+        except (OSError, ValueError):
+            continue
+
+
+def _closed_stream() -> str | None:
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None or stream.closed:
+            return name
+        try:
+            fd = stream.fileno()
+        except (OSError, ValueError):  # not a file (a test's capture): open
+            continue
+        try:
+            os.fstat(fd)
+        except OSError:
+            return name
+    return None
+
+
+def _silence_stdout() -> None:
+    """After stdout failed: what is still buffered goes nowhere, so Python's exit does not print a second error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def run_main(main, *args, interrupted: str = RESUMES) -> int:
+    """Run `main(*args)`; its return value (None: 0) or the status of what stopped it, said in one line."""
+    from data_prep.secrets import guard_streams
+
+    guard_streams()  # nothing printed (logs, tracebacks, this line) holds a key
+    closed = _closed_stream()
+    if closed:  # its messages (or its results) would be lost: refuse before any work
+        _say(f"error: {closed} is closed; give the command somewhere to write it (a file, or /dev/null)")
+        return 2
+    try:
+        status = main(*args) or 0
+        try:
+            sys.stdout.flush()
+        except OSError as err:
+            _silence_stdout()
+            return _failed(f"error: writing the standard output failed ({err.strerror or err})", 1)
+        return status
+    except InputError as err:
+        return _failed(f"error: {err}", 2)
+    except RunStopped as err:
+        return _failed(f"error: {err}", err.status)
+    except KeyboardInterrupt:
+        return _failed(interrupted, 130, wait=False)
+    except BrokenPipeError:  # `... | head`: the reader has what it wanted
+        _silence_stdout()
+        return 1
+    except OSError as err:
+        if err.errno not in OS_FAILURES:
+            raise
+        where = f"{err.filename}: " if err.filename else ""
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            _silence_stdout()
+        return _failed(f"error: {where}{OS_FAILURES[err.errno]}; what was finished is kept, and the same command "
+                       "resumes once it can write", 1)
+
+
+def _failed(line: str, status: int, wait: bool = True) -> int:
+    # Under a multi-process launcher every process fails alike and the launcher stops the others when the first
+    # one exits: the first process reports at once, any other only if it is still running a moment later.
+    if not _is_main_process():
+        if not wait:
+            return status
+        time.sleep(10)
+    _say(line)
+    return status
+
+
+def run_command(main, *args, interrupted: str = RESUMES) -> None:
+    """`sys.exit(run_main(main, *args))`: the last line of every command-line module."""
+    sys.exit(run_main(main, *args, interrupted=interrupted))

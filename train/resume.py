@@ -1,0 +1,133 @@
+"""Resuming a training run: only from a complete checkpoint, and only under the settings and data it was trained with.
+
+Every checkpoint records the run's settings (every argument that changes what is trained, and the sha256 of each
+data file) inside its trainer_state.json, through the `RunSettings` callback (a TrainerCallback with the Trainer's
+ExportableState), so they are written in the same file, at the same moment, as the marker of a complete checkpoint
+(losses/checkpointing.py). `check_resume` runs with the other option checks, before the data or the model load:
+
+* `--resume_from_checkpoint true` takes the newest complete checkpoint (one a kill cut short is skipped, and
+  removed when training starts); a named checkpoint that is not complete is refused;
+* a resume whose settings or data differ from the checkpoint's is refused, naming the first setting that differs,
+  as evaluation run files are (data_prep/runs.py), unless `--resume_with_new_settings true` says it is meant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+from losses.checkpointing import is_complete_checkpoint, last_complete_checkpoint
+
+# Arguments that do not change what is trained: where and how often it is written, logged, evaluated or published.
+IGNORED = {"output_dir", "run_name", "resume_from_checkpoint", "resume_with_new_settings", "overwrite_output_dir",
+           "report_to", "disable_tqdm", "log_level", "log_level_replica", "log_on_each_node", "dataset_name",
+           "local_rank", "ddp_timeout", "per_device_eval_batch_size", "prediction_loss_only", "project",
+           "greater_is_better", "metric_for_best_model", "load_best_model_at_end", "restore_callback_states_from_checkpoint"}
+IGNORED_PREFIXES = ("logging_", "save_", "eval_", "hub_", "push_to_hub", "include_", "dataloader_", "trackio",
+                    "do_", "torch_compile_")
+# Data files: compared by content (sha256), not by path, so a moved copy of the same data resumes.
+DATA_FILES = ("train_data_path", "label_path", "categories", "general_data_path")
+STATE_KEY = "RunSettings"
+
+
+def _as_dict(config) -> dict:
+    return config.to_dict() if hasattr(config, "to_dict") else dataclasses.asdict(config)
+
+
+def _sha256(path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:  # a missing data file is reported by the data checks, with its own line
+        return None
+    return digest.hexdigest()
+
+
+def run_settings(script_args, training_args, model_args) -> dict:
+    """What a resume must keep: every argument that changes the training (as JSON values), and the data's digests.
+    Taken once, when the options are checked: trainers later change some of their arguments themselves (TRL sets
+    ddp_find_unused_parameters), and a checkpoint must record what the user asked for."""
+    taken = getattr(training_args, "_run_settings", None)
+    if taken is None:
+        taken = _settings(script_args, training_args, model_args)
+        object.__setattr__(training_args, "_run_settings", taken)
+    return taken
+
+
+def _settings(script_args, training_args, model_args) -> dict:
+    settings = {}
+    for config in (script_args, training_args, model_args):
+        for name, value in _as_dict(config).items():
+            if name in IGNORED or name.startswith(IGNORED_PREFIXES) or name in DATA_FILES or name == "eval_data_path" \
+                    or "token" in name:
+                continue
+            settings[name] = json.loads(json.dumps(value, default=str))
+    for name in DATA_FILES:
+        path = getattr(script_args, name, None)
+        settings[f"{name} (sha256)"] = _sha256(path) if path else None
+    return settings
+
+
+def recorded_settings(checkpoint) -> dict | None:
+    try:
+        state = json.loads((Path(checkpoint) / "trainer_state.json").read_text(encoding="utf-8"))
+        return state["stateful_callbacks"][STATE_KEY]["args"]["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_resume(script_args, training_args, model_args, resume, fail) -> str | None:
+    """The checkpoint a resume starts from (None: no resume); `fail(option, message)` for every refusal."""
+    if resume is None:
+        run_settings(script_args, training_args, model_args)  # taken now, for the checkpoints to record
+        return None
+    out = Path(training_args.output_dir)
+    if resume is True:
+        checkpoint = last_complete_checkpoint(out)
+        if checkpoint is None:
+            cut = " (only checkpoints a kill cut short, without trainer_state.json)" if any(out.glob("checkpoint-*")) else ""
+            fail("resume_from_checkpoint", f"no complete checkpoint-* folder in {out} to resume from{cut}")
+    else:
+        checkpoint = str(resume)
+        if not Path(checkpoint).is_dir():
+            fail("resume_from_checkpoint", f"checkpoint folder not found: {checkpoint}")
+        if not is_complete_checkpoint(checkpoint):
+            fail("resume_from_checkpoint", f"{checkpoint} is not a complete checkpoint (no readable trainer_state.json: "
+                                           "a kill cut it short); name an earlier one, or pass true for the newest")
+    now = run_settings(script_args, training_args, model_args)
+    if script_args.resume_with_new_settings:
+        return checkpoint
+    consent = ("pass --resume_with_new_settings true to resume with the new value, or drop --resume_from_checkpoint "
+               "to start over")
+    before = recorded_settings(checkpoint)
+    if before is None:
+        fail("resume_from_checkpoint", f"{checkpoint} holds no record of the settings it was trained with; {consent}")
+    for name in sorted(set(before) | set(now)):
+        if before.get(name) != now.get(name):
+            if name.endswith("(sha256)"):
+                fail(name.split(" ")[0], f"the file changed since {checkpoint} was trained (another sha256); {consent}")
+            fail(name, f"{checkpoint} was trained with {before.get(name)!r}, not {now.get(name)!r}; {consent}")
+    return checkpoint
+
+
+class RunSettings(TrainerCallback, ExportableState):
+    """The run's settings, saved by the Trainer in every checkpoint's trainer_state.json."""
+
+    def __init__(self, settings: dict):
+        self.settings = settings
+
+    def state(self) -> dict:
+        return {"args": {"settings": self.settings}, "attributes": {}}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # a consented resume from a checkpoint that lacks the record: the Trainer's save expects the entry
+        state.stateful_callbacks.setdefault(STATE_KEY, self.state())
+        if isinstance(state.stateful_callbacks[STATE_KEY], dict):
+            state.stateful_callbacks[STATE_KEY] = self.state()  # the settings now in force
