@@ -208,17 +208,16 @@ class _MaskCache:
     key, value = None, None
 
 
-def _attention_mask(model, segments: torch.Tensor, ancestors: torch.Tensor):
+def _attention_mask(model, text_config, segments: torch.Tensor, ancestors: torch.Tensor):
     if _MaskCache.key is segments:
         return _MaskCache.value
     if segments.device.type == "cuda":
-        text_config = model.config.get_text_config()
         if text_config._attn_implementation != "flex_attention":
             model.set_attn_implementation({"text_config": "flex_attention"})
         _log_attention_choice("flex_attention with a block mask from the segment tree (CUDA)")
         mask = tree_block_mask(segments, ancestors)
     else:
-        _log_attention_choice(f"{model.config.get_text_config()._attn_implementation} with a boolean tree mask "
+        _log_attention_choice(f"{text_config._attn_implementation} with a boolean tree mask "
                               f"({segments.device.type})")
         mask = tree_attention_mask(segments, ancestors)
     _MaskCache.key, _MaskCache.value = segments, mask
@@ -247,6 +246,7 @@ def enable_packing(model) -> None:
     if getattr(top.forward, "_packed", False):
         return
     fused_forward = top.forward
+    text_config = top.config.get_text_config()  # read here: wrapped (DeepSpeed), `self.config` may be another object
 
     def packed_forward(self, *args, **kwargs):
         if "packed_input_ids" not in kwargs:
@@ -259,7 +259,7 @@ def enable_packing(model) -> None:
         outputs = fused_forward(
             input_ids=batch["packed_input_ids"], mm_token_type_ids=batch["packed_mm_token_type_ids"],
             position_ids=packed_positions(vision_backbone(self), batch),
-            tree_mask=_attention_mask(self, batch["packed_segments"], batch["packed_ancestors"]),
+            tree_mask=_attention_mask(top, text_config, batch["packed_segments"], batch["packed_ancestors"]),
             attention_mask=batch["packed_multiplicity"],
             gather_index=batch["packed_logp_index"], shift_labels=labels[None], **kwargs)
         target = source - source // length - 1  # (r, c) -> r * (length - 1) + c - 1: where TRL's shift puts it
