@@ -242,11 +242,12 @@ def enable_packing(model) -> None:
     backbone = vision_backbone(model)
     if not isinstance(backbone, PackedTreeMixin):
         backbone.__class__ = type(f"{type(backbone).__name__}Packed", (PackedTreeMixin, type(backbone)), {})
-    top = model.get_base_model() if hasattr(model, "get_base_model") else model
+    top = getattr(model, "module", model)  # DDP / DeepSpeed engine (TRL prepares a ZeRO-3 reference at once)
+    top = top.get_base_model() if hasattr(top, "get_base_model") else top
     if getattr(top.forward, "_packed", False):
         return
     fused_forward = top.forward
-    text_config = top.config.get_text_config()  # read here: wrapped (DeepSpeed), `self.config` may be another object
+    text_config = top.config.get_text_config()
 
     def packed_forward(self, *args, **kwargs):
         if "packed_input_ids" not in kwargs:
