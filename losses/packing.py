@@ -275,3 +275,21 @@ def enable_packing(model) -> None:
 
     packed_forward._packed = True
     top.forward = types.MethodType(packed_forward, top)
+
+
+class PaddingFreeCollator:
+    """SFT without padding: TRL's vision collator, then every sequence of the batch into one row (one root segment
+    each: the prompt, with the labelled tokens as its leaf), with each sequence's own (M-RoPE) positions. Labels stay
+    in the unpacked layout, for the Trainer's token count; the model scores the same tokens."""
+
+    def __init__(self, collator):
+        self.collator = collator
+
+    def __call__(self, examples: list[dict]) -> dict:
+        batch = self.collator(examples)
+        labelled = batch["labels"] != -100
+        labelled[:, 0] = False  # the first token is never predicted (TRL shifts it away)
+        batch["completion_mask"] = labelled.long()
+        packed = pack_preference_batch(batch, sequences_per_example=1)
+        del packed["completion_mask"]
+        return packed

@@ -150,3 +150,39 @@ def test_tree_mask_keeps_siblings_and_other_examples_out(tiny_family_dir, synthe
         after = token_logps(trainer.model, changed)
     assert torch.equal(before[0], after[0])  # row 0: example 0, non-private instruction, chosen answer
     assert (before[1:] - after[1:]).abs().max() > 1e-3  # the rows whose path was changed do change
+
+
+@pytest.mark.parametrize("family,lora", [("qwen2_vl", False), ("qwen3_vl", True)])
+def test_sft_padding_free_equals_padded(family, lora, tiny_family_dir, synthetic_dir, tmp_path):
+    """`padding_free: true` on vision data (TRL refuses it): one row, each sequence with its own M-RoPE positions."""
+    from peft import LoraConfig
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from trl import SFTConfig
+
+    from data_prep.spy_tune import build_dataset
+    from losses.packing import PaddingFreeCollator
+    from train.sft import SpySFTTrainer
+
+    model_dir = tiny_family_dir(family)
+    dataset = build_dataset("sft", synthetic_dir / "train_data.json", synthetic_dir, add_distractors=True, seed=3,
+                            num_samples=3)
+    args = SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none", max_length=None,
+                     activation_checkpointing=False, per_device_train_batch_size=3, padding_free=True)
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0) if lora else None
+    trainer = SpySFTTrainer(AutoModelForImageTextToText.from_pretrained(model_dir), args, train_dataset=dataset,
+                            processing_class=AutoProcessor.from_pretrained(model_dir), peft_config=peft_config)
+    assert trainer.args.padding_free and isinstance(trainer.data_collator, PaddingFreeCollator)
+    trainer.model.train()
+    perturb(trainer.model)
+    examples = [dict(dataset[i]) for i in range(3)]
+    padded = trainer.data_collator.collator([dict(e) for e in examples])
+    packed = trainer.data_collator([dict(e) for e in examples])
+    assert (padded["attention_mask"] == 0).any()  # the padded batch pads; the packed row holds the real tokens only
+    assert packed["packed_input_ids"].numel() == int(padded["attention_mask"].sum())
+    assert trainer.processing_class.tokenizer.pad_token_id not in packed["packed_input_ids"].tolist()[0]
+    loss_a, grads_a = loss_and_grads(trainer, padded)
+    loss_b, grads_b = loss_and_grads(trainer, packed)
+    assert loss_a == pytest.approx(loss_b, abs=TOL) and loss_a > 0
+    assert grads_a.keys() == grads_b.keys() and any(g.abs().sum() > 0 for g in grads_a.values())
+    for name in grads_a:
+        assert (grads_a[name] - grads_b[name]).abs().max().item() <= TOL, name
