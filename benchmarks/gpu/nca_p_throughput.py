@@ -306,7 +306,8 @@ def estimate(args) -> int:
     if args.out:
         write_outputs(Path(args.out), {"benchmark": "nca_p_flop_estimate", "text_tokens": args.text_tokens,
                                        "activation_checkpointing": args.activation_checkpointing,
-                                       "estimates": results}, "\n".join(lines), "nca_p_flop_estimate")
+                                       "estimates": results}, "\n".join(lines),
+                      "nca_p_flop_estimate" + ("" if args.text_tokens == 200 else f"_text{args.text_tokens}"))
     return 0
 
 
