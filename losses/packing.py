@@ -81,11 +81,14 @@ def pack_preference_batch(batch: dict, sequences_per_example: int) -> dict:
     examples = rows // sequences_per_example
     ids, types_, real, answer = (t.tolist() for t in (input_ids, mm_types, attention.bool(), completion.bool()))
 
+    def starts_image(row: int, c: int) -> bool:
+        return types_[row][c] == IMAGE and (c == 0 or types_[row][c - 1] != IMAGE)
+
     # image slots: row by row, one per run of image tokens; slot s shows unique image s % (slots / sequences)
     slot_start, slots = [], 0
     for r in range(rows):
         slot_start.append(slots)
-        slots += sum(1 for c in range(length) if types_[r][c] == IMAGE and (c == 0 or types_[r][c - 1] != IMAGE))
+        slots += sum(starts_image(r, c) for c in range(length))
     if slots % sequences_per_example:
         raise ValueError(f"{slots} image slots do not split into {sequences_per_example} identical blocks")
     unique_images = slots // sequences_per_example
@@ -97,10 +100,9 @@ def pack_preference_batch(batch: dict, sequences_per_example: int) -> dict:
     def emit(row: int, columns: range, parent: int) -> int:
         segment = len(parents)
         parents.append(parent)
-        images_before = sum(1 for c in range(columns.start) if types_[row][c] == IMAGE
-                            and (c == 0 or types_[row][c - 1] != IMAGE))
+        images_before = sum(starts_image(row, c) for c in range(columns.start))
         for c in columns:
-            if types_[row][c] == IMAGE and (c == 0 or types_[row][c - 1] != IMAGE):
+            if starts_image(row, c):
                 image_index.append((slot_start[row] + images_before) % unique_images)
                 images_before += 1
             where[row][c] = len(packed_ids)
