@@ -1,5 +1,6 @@
-"""Time one full training step of NCA-P and DPO on CPU, with shared vision encoding and precomputed reference
-log-probabilities each on and off, side by side in one process.
+"""Time one full training step of NCA-P and DPO on CPU, side by side in one process: the sequences' images
+repeated (TRL's layout), shared (each image encoded once) or tree-packed (each example's prompt through the language
+model once, no padding: losses/packing.py), each with a live and a precomputed reference.
 
 A step is what the Trainer does per batch: `trainer.training_step` (policy forward + backward, and the reference
 forward unless the reference log-probabilities were precomputed) followed by the optimizer step. Each
@@ -9,11 +10,14 @@ order, so a burst of load from other processes hits all of them alike. Medians (
 Two random-weight models of one Qwen family (`--family`, default Qwen2-VL) are built in a temporary directory with
 train/tiny_model.py:
 - tiny:  the test model (text hidden 64 / 2 layers, vision embed 32 / depth 2), images resized to 64 image tokens;
-- heavy: vision-heavy (text hidden 256 / 4 layers, vision embed 256 / depth 6), 256 image tokens per image.
+- heavy: vision-heavy (text hidden 256 / 4 layers, vision embed 256 / depth 6), 256 image tokens per image;
+- lm_heavy: shaped like SPY at 1 MP in proportion: image tokens most of each sequence (256 of about 300), short
+  answers, distractor lines on, and the language model most of the work (text hidden 512 / 6 layers, vision embed
+  128 / depth 2). Its packed-vs-shared step ratios are the report's `nca_p_packed_speedup` / `dpo_packed_speedup`.
 Images are 16 merged patches a side: 448x448 for the 14-pixel patches of Qwen2-VL and Qwen2.5-VL, 512x512 for
 Qwen3-VL's 16-pixel ones, so every family sees the same number of image tokens.
 
-    python benchmarks/train_step.py [--family qwen3_vl] [--configs tiny,heavy] [--reps 3] [--batch-size 2] [--lora]
+    python benchmarks/train_step.py [--family qwen3_vl] [--configs tiny,heavy,lm_heavy] [--reps 3] [--batch-size 2] [--lora]
                                     [--json benchmarks/results/train_step_cpu.json]
 
 Peak memory: the process holds every configuration at once, so its RSS high-water mark says nothing about one of
@@ -44,16 +48,19 @@ MODEL_CONFIGS = {
     "tiny": {},  # build_tiny_model's defaults: 64 image tokens
     "heavy": {"hidden": 256, "layers": 4, "heads": 4, "kv_heads": 2, "vision_depth": 6, "vision_embed": 256,
               "max_pixels": "image"},  # the whole image: 256 image tokens
+    "lm_heavy": {"hidden": 512, "layers": 6, "heads": 8, "kv_heads": 2, "vision_depth": 2, "vision_embed": 128,
+                 "max_pixels": "image"},
 }
 PATCH_SIZES = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16, "qwen3_vl_moe": 16}  # the families that share vision
 METHODS = ("nca_p", "dpo")
 METHOD_NAMES = {"nca_p": "NCA-P", "dpo": "DPO"}
-# (shared_vision, precompute_ref_log_probs); the first is the baseline: what TRL does out of the box
-VARIANTS = ((False, False), (True, False), (False, True), (True, True))
+# (layout, precompute_ref_log_probs); the first is the baseline: what TRL does out of the box
+LAYOUTS = ("repeated", "shared", "packed")
+VARIANTS = tuple((layout, precompute) for precompute in (False, True) for layout in LAYOUTS)
 
 
-def variant_name(method: str, shared: bool, precompute: bool) -> str:
-    return f"{method}/{'shared' if shared else 'repeated'}/{'precomputed' if precompute else 'live'}"
+def variant_name(method: str, layout: str, precompute: bool) -> str:
+    return f"{method}/{layout}/{'precomputed' if precompute else 'live'}"
 
 
 # ---- memory -------------------------------------------------------------------------------------------------------
@@ -112,7 +119,7 @@ def state_mb(trainer) -> float:
 
 # ---- set-up -------------------------------------------------------------------------------------------------------
 
-def make_trainer(method, shared, precompute, model_dir, data_dir, out_dir, batch_size, lora):
+def make_trainer(method, layout, precompute, model_dir, data_dir, out_dir, batch_size, lora):
     from peft import LoraConfig
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -126,7 +133,8 @@ def make_trainer(method, shared, precompute, model_dir, data_dir, out_dir, batch
                                                                                       VisionDPOTrainer)
     args = config_class(output_dir=str(out_dir), use_cpu=True, bf16=False, report_to="none", max_length=None,
                         activation_checkpointing=False, per_device_train_batch_size=batch_size,
-                        shared_vision=shared, precompute_ref_log_probs=precompute, disable_tqdm=True)
+                        shared_vision=layout != "repeated", packed=layout == "packed",
+                        precompute_ref_log_probs=precompute, disable_tqdm=True)
     peft_config = (LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                               lora_dropout=0.0) if lora else None)
     trainer = trainer_class(model=AutoModelForImageTextToText.from_pretrained(model_dir), args=args,
@@ -166,9 +174,11 @@ def train_step(trainer, model, batch) -> float:
 
 def batch_stats(batch) -> dict:
     grid = batch["image_grid_thw"]
+    packed = batch.get("packed_input_ids")
     return {"sequences": int(batch["input_ids"].size(0)), "padded_length": int(batch["input_ids"].size(1)),
             "tokens": int(batch["attention_mask"].sum()), "images_encoded": int(grid.size(0)),
-            "image_tokens_per_image": int(grid[0].prod()) // 4}
+            "image_tokens_per_image": int(grid[0].prod()) // 4,
+            "language_model_tokens": int(batch["input_ids"].numel() if packed is None else packed.numel())}
 
 
 # ---- benchmark ----------------------------------------------------------------------------------------------------
@@ -187,10 +197,10 @@ def benchmark_config(name, workdir, data_dir, args, libc) -> dict:
     model_dir = build_tiny_model(workdir / f"model-{name}", family=args.family, **model_config(name, args.family))
     runs = {}
     for method in args.methods:
-        for shared, precompute in VARIANTS:
-            key = variant_name(method, shared, precompute)
+        for layout, precompute in VARIANTS:
+            key = variant_name(method, layout, precompute)
             t0 = time.perf_counter()
-            trainer, model, batch, collate_s = make_trainer(method, shared, precompute, model_dir, data_dir,
+            trainer, model, batch, collate_s = make_trainer(method, layout, precompute, model_dir, data_dir,
                                                      workdir / f"out-{name}", args.batch_size, args.lora)
             runs[key] = {"trainer": trainer, "model": model, "batch": batch, "times": [], "setup_s": time.perf_counter() - t0,
                          "collate_s": collate_s}
@@ -244,12 +254,14 @@ def benchmark_config(name, workdir, data_dir, args, libc) -> dict:
     return result
 
 
-RATIOS = {  # name: (slower variant, faster variant) as (shared, precompute)
-    "shared_vision_speedup": ((False, False), (True, False)),
-    "shared_vision_speedup_precomputed": ((False, True), (True, True)),
-    "precompute_speedup": ((True, False), (True, True)),
-    "precompute_speedup_repeated": ((False, False), (False, True)),
-    "combined_speedup": ((False, False), (True, True)),
+RATIOS = {  # name: (slower variant, faster variant) as (layout, precompute)
+    "shared_vision_speedup": (("repeated", False), ("shared", False)),
+    "shared_vision_speedup_precomputed": (("repeated", True), ("shared", True)),
+    "packed_speedup": (("shared", False), ("packed", False)),
+    "packed_speedup_precomputed": (("shared", True), ("packed", True)),
+    "precompute_speedup": (("shared", False), ("shared", True)),
+    "precompute_speedup_repeated": (("repeated", False), ("repeated", True)),
+    "combined_speedup": (("repeated", False), ("packed", True)),
 }
 
 
@@ -268,20 +280,23 @@ def _mb(x) -> str:
 
 def markdown_table(name: str, result: dict) -> str:
     params = result["model"]["parameters"]
-    batches = {METHOD_NAMES[k.split("/")[0]]: v["batch"] for k, v in result["variants"].items()}
+    batches = {METHOD_NAMES[k.split("/")[0]]: v["batch"] for k, v in result["variants"].items() if "/shared/" in k}
     lines = [(f"### {result['model']['family']} {name}: {params['total'] / 1e6:.1f}M parameters ({params['vision'] / 1e6:.1f}M vision, "
              f"{params['trainable'] / 1e6:.2f}M trained)"), "",
-             "Batch: " + "; ".join(f"{m} {b['sequences']} sequences x {b['padded_length']} tokens, "
-                                   f"{b['image_tokens_per_image']} image tokens per image" for m, b in batches.items()),
+             "Batch: " + "; ".join(f"{m} {b['sequences']} sequences x {b['padded_length']} tokens "
+                                   f"({b['tokens']} real), {b['image_tokens_per_image']} image tokens per image"
+                                   for m, b in batches.items()),
              "",
-             ("| method | vision | reference | median s | min s | vs repeated/live | state MB | step MB | peak MB "
-             "| collate s |"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             ("| method | layout | reference | LM tokens | median s | min s | vs repeated/live | vs shared | state MB "
+              "| step MB | peak MB | collate s |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, v in result["variants"].items():
         method, vision, reference = key.split("/")
-        base = result["variants"][variant_name(method, False, False)]["median_s"]
-        lines.append(f"| {METHOD_NAMES[method]} | {vision} | {reference} | {v['median_s']:.3f} | {v['min_s']:.3f} | "
-                     f"{base / v['median_s']:.2f}x | {_mb(v['state_mb'])} | {_mb(v['step_mb'])} | "
+        base = result["variants"][variant_name(method, "repeated", False)]["median_s"]
+        shared = result["variants"][variant_name(method, "shared", reference == "precomputed")]["median_s"]
+        lines.append(f"| {METHOD_NAMES[method]} | {vision} | {reference} | {v['batch']['language_model_tokens']} | "
+                     f"{v['median_s']:.3f} | {v['min_s']:.3f} | {base / v['median_s']:.2f}x | "
+                     f"{shared / v['median_s']:.2f}x | {_mb(v['state_mb'])} | {_mb(v['step_mb'])} | "
                      f"{_mb(v['peak_mb'])} | {v['collate_s']:.3f} |")
     lines.append("")
     for key, value in result["ratios"].items():
@@ -294,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", default="qwen2_vl", choices=list(PATCH_SIZES),
                         help="model family (train/tiny_model.py); the ones that share vision encoding")
-    parser.add_argument("--configs", default="tiny,heavy", help="comma-separated, of: " + ", ".join(MODEL_CONFIGS))
+    parser.add_argument("--configs", default="tiny,heavy,lm_heavy", help="comma-separated, of: " + ", ".join(MODEL_CONFIGS))
     parser.add_argument("--methods", default="nca_p,dpo", help="comma-separated, of: " + ", ".join(METHODS))
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions of every configuration")
     parser.add_argument("--batch-size", type=int, default=2, help="examples per step (NCA-P: 4 sequences each)")
@@ -342,10 +357,16 @@ def main(argv: list[str] | None = None) -> int:
     report["machine"]["load_average_end"] = os.getloadavg()
     report["wall_s"] = time.time() - started
     for name, result in report["configs"].items():
-        prefix = "" if name == "heavy" else f"{name}_"
+        prefix = "" if name in ("heavy", "lm_heavy") else f"{name}_"
+        ratios = ("packed_speedup",) if name == "lm_heavy" else ("shared_vision_speedup", "precompute_speedup",
+                                                                 "combined_speedup")
         for method in args.methods:
-            for ratio in ("shared_vision_speedup", "precompute_speedup", "combined_speedup"):
+            for ratio in ratios:
                 report[f"{prefix}{method}_{ratio}"] = result["ratios"][f"{method}_{ratio}"]
+            if name == "lm_heavy":  # how much less a step needs on top of the kept state (shared / packed)
+                shared, packed = (result["variants"][variant_name(method, layout, False)]["step_mb"]
+                                  for layout in ("shared", "packed"))
+                report[f"{method}_packed_step_memory_ratio"] = shared / packed if shared and packed else None
 
     print()
     for name, result in report["configs"].items():

@@ -3,6 +3,8 @@
 - `shared_vision`: the backbone can encode each image once and hand its features to every sequence that shows
   it (losses/shared_vision.py). Gemma 3 scatters its pooled image tokens inside a forward that takes pixel
   values only, so it trains on the plain path.
+- `packing`: tree-packed, padding-free preference batches (losses/packing.py): needs shared vision, the
+  processor's `mm_token_type_ids` and a rope-index function on the backbone.
 - `pixel_bounds`: the image processor sizes images between `min_pixels` and `max_pixels` (Qwen's dynamic
   resolution). Gemma 3 resizes every image to one fixed square (896 x 896 in the released checkpoints), so
   the bounds are refused rather than ignored.
@@ -16,16 +18,20 @@ from __future__ import annotations
 from data_prep.errors import InputError
 
 FAMILIES = {
-    "qwen2_vl": {"shared_vision": True, "pixel_bounds": True},
-    "qwen2_5_vl": {"shared_vision": True, "pixel_bounds": True},
-    "qwen3_vl": {"shared_vision": True, "pixel_bounds": True},
-    "qwen3_vl_moe": {"shared_vision": True, "pixel_bounds": True},
-    "gemma3": {"shared_vision": False, "pixel_bounds": False},
+    "qwen2_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True},
+    "qwen2_5_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True},
+    "qwen3_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True},
+    "qwen3_vl_moe": {"shared_vision": True, "packing": True, "pixel_bounds": True},
+    "gemma3": {"shared_vision": False, "packing": False, "pixel_bounds": False},
 }
 
 
 def supports_shared_vision(model_type: str) -> bool:
     return FAMILIES.get(model_type, {}).get("shared_vision", False)
+
+
+def supports_packing(model_type: str) -> bool:
+    return FAMILIES.get(model_type, {}).get("packing", False)
 
 
 def model_type_of(model_name_or_path, **hub_kwargs) -> str:

@@ -10,6 +10,9 @@ only what TRL does not support for vision datasets:
   reference log-probabilities of every row in a column `ref_logps`, cached on disk under
   `<output_dir>/ref_logps/` keyed by the reference weights and the data, and the reference model is released:
   dropped from the trainer and from the accelerator's model list, so that its memory really goes back.
+- `packed` (default on): each example's shared prompt goes through the language model once, all examples of a
+  micro-batch in one padding-free row (losses/packing.py); it encodes each image once, as `shared_vision` does.
+  Families that cannot pack train unpacked, with one warning.
 """
 
 from __future__ import annotations
@@ -33,9 +36,10 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
 from trl.trainer.utils import use_adapter
 
-from data_prep.families import supports_shared_vision
+from data_prep.families import supports_packing, supports_shared_vision
 from losses.checkpointing import HubFormatResumeMixin
 from losses.fingerprint import weights_fingerprint
+from losses.packing import enable_packing, pack_preference_batch
 from losses.shared_vision import enable_shared_vision, share_images
 
 logger = logging.get_logger(__name__)
@@ -50,6 +54,11 @@ class VisionDPOConfig(DPOConfig):
         default=True,
         metadata={"help": "Encode each image once per model per step and reuse it in all sequences of its example."},
     )
+    packed: bool = field(
+        default=True,
+        metadata={"help": "Tree-pack each micro-batch into one padding-free row: every example's shared prompt "
+                          "through the language model once (losses/packing.py)."},
+    )
 
 
 @dataclass
@@ -62,6 +71,7 @@ class PreferenceCollator(DataCollatorMixin):
 
     processor: object
     shared_vision: bool = True
+    packed: bool = False
     max_length: int | None = None
     return_tensors: str = "pt"
     sequences_per_example = 2  # TRL's layout: [chosen rows; rejected rows]
@@ -76,7 +86,9 @@ class PreferenceCollator(DataCollatorMixin):
         ref = [example.pop("ref_logps") for example in examples] if "ref_logps" in examples[0] else None
         batch = DataCollatorForVisionPreference(self.processor, max_length=self.max_length)(
             self.preference_pairs(examples))
-        if self.shared_vision:
+        if self.packed:
+            batch = pack_preference_batch(batch, self.sequences_per_example)
+        elif self.shared_vision:
             batch = share_images(batch, repeats=self.sequences_per_example)
         if ref is not None:
             self.add_reference(batch, torch.tensor(ref, dtype=torch.float32))
@@ -97,19 +109,25 @@ class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
         unshared = args.shared_vision and not supports_shared_vision(model_type)
         if unshared:  # the card's recipe then records what ran
             args.shared_vision = False
+        unpacked = args.packed and not supports_packing(model_type)
+        if unpacked:
+            args.packed = False
         if data_collator is None:
             data_collator = self.collator_class(processing_class, shared_vision=args.shared_vision,
-                                                max_length=args.max_length)
+                                                packed=args.packed, max_length=args.max_length)
         super().__init__(model, ref_model=ref_model, args=args, data_collator=data_collator,
                          processing_class=processing_class, **kwargs)
         args.precompute_ref_log_probs = precompute
         if unshared and self.is_world_process_zero():
             logger.warning(f"shared_vision: {model_type} cannot share one image encoding between sequences; "
                            "training on the plain path (every sequence encodes its image)")
-        if args.shared_vision:
-            for m in (self.model, self.ref_model):
-                if m is not None:
-                    enable_shared_vision(m)
+        if unpacked and self.is_world_process_zero():
+            logger.warning(f"packed: {model_type} cannot take tree-packed batches; training unpacked")
+        for m in (self.model, self.ref_model):
+            if m is not None and args.packed:
+                enable_packing(m)  # after TRL's fused head, which it wraps
+            elif m is not None and args.shared_vision:
+                enable_shared_vision(m)
         if precompute:
             self._precompute_model_hash = weights_fingerprint(self.ref_model or self.model)
             self.train_dataset = self._precompute_ref_logps(self.train_dataset, "train",

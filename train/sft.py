@@ -4,6 +4,9 @@
 
 Rows are prompt-completion pairs, so the loss covers the answer only (completion-only loss); the reference
 implementation also trained on the instructions, the question and the image tokens.
+
+`padding_free: true` (which TRL refuses for vision data) puts every sequence of a micro-batch into one row without
+padding, each with its own M-RoPE positions (losses/packing.py); the Qwen families only.
 """
 
 import os
@@ -13,7 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config  # noqa: E402
 
+from data_prep.families import supports_packing  # noqa: E402
 from losses.checkpointing import HubFormatResumeMixin  # noqa: E402
+from losses.packing import PaddingFreeCollator, enable_packing  # noqa: E402
 from train.card import attach, finish  # noqa: E402
 from train.common import (  # noqa: E402
     SpyTuneArguments,
@@ -27,7 +32,17 @@ from train.common import (  # noqa: E402
 
 
 class SpySFTTrainer(HubFormatResumeMixin, SFTTrainer):
-    """TRL's SFTTrainer, resuming full fine-tuning with the right weights (losses/checkpointing.py)."""
+    """TRL's SFTTrainer, resuming full fine-tuning with the right weights (losses/checkpointing.py), and padding-free
+    on vision data for the families that can pack."""
+
+    def __init__(self, model, args, **kwargs):
+        padding_free = args.padding_free and supports_packing(getattr(getattr(model, "config", None), "model_type", None))
+        args.padding_free = args.padding_free and not padding_free  # TRL's own check refuses vision data
+        super().__init__(model=model, args=args, **kwargs)
+        if padding_free:
+            args.padding_free = True
+            self.data_collator = PaddingFreeCollator(self.data_collator)
+            enable_packing(self.model)  # after TRL's fused head, which it wraps
 
 
 def main():

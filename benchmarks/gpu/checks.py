@@ -4,8 +4,8 @@ the right thing on that device, and the peak its MFU is measured against.
 - `fused_head_check`: TRL's fused LM head (a Triton kernel on CUDA: only the completion positions go through the
   head) against an explicit float32 log-softmax of the same hidden states, for the log-probabilities and the
   head's weight gradient.
-- `shared_vision_check`: a few NCA-P steps of a small random Qwen2-VL with shared vision encoding on and off, from
-  the same weights on the same batch: the losses agree within the stated tolerance.
+- `layout_check`: a few NCA-P steps of a small random Qwen2-VL in two batch layouts (shared vision on and off;
+  packed and shared), from the same weights on the same batch: the losses agree within the stated tolerance.
 - `matmul_peak`: the dense matrix-product rate the device reaches on one of the model's own shapes.
 """
 
@@ -86,21 +86,23 @@ def fused_head_check(model, device: str, dtype_name: str, batch: int = 4, length
             "ok": logprob_err <= tol["logprob_abs"] and grad_err <= tol["grad_rel"]}
 
 
-def shared_vision_check(build_model, make_trainer, processor, device: str, dtype_name: str, steps: int = 3) -> dict:
-    """NCA-P steps (full fine-tuning, live reference) with shared vision on and off, from the same weights."""
+def layout_check(build_model, make_trainer, processor, device: str, dtype_name: str,
+                 layouts=("shared", "repeated"), steps: int = 3) -> dict:
+    """NCA-P steps (full fine-tuning, live reference) in two batch layouts (packed / shared / repeated), from the
+    same weights: the losses agree. On CUDA, packed runs flex_attention with the tree's block mask."""
     import torch
     from train_step import train_step
 
     tol = TOLERANCES[dtype_name]
     losses = {}
-    for shared in (True, False):
+    for layout in layouts:
         model = build_model(SMALL_SPEC, processor, device)
-        trainer, stepped, batch = make_trainer(model, copy.deepcopy(model), shared)
-        losses["shared" if shared else "repeated"] = [train_step(trainer, stepped, batch) for _ in range(steps)]
+        trainer, stepped, batch = make_trainer(model, copy.deepcopy(model), layout)
+        losses[layout] = [train_step(trainer, stepped, batch) for _ in range(steps)]
         del trainer, stepped, batch, model
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-    diffs = [abs(a - b) for a, b in zip(losses["shared"], losses["repeated"])]
+    diffs = [abs(a - b) for a, b in zip(*losses.values())]
     return {"steps": steps, "losses": losses, "max_abs_diff": max(diffs), "tolerance": tol["loss_abs"],
-            "weights_moved": len(set(round(v, 6) for v in losses["shared"])) > 1,
+            "weights_moved": len(set(round(v, 6) for v in losses[layouts[0]])) > 1,
             "ok": max(diffs) <= tol["loss_abs"]}

@@ -1,5 +1,6 @@
 """NCA-P training throughput on one GPU: a random-weight Qwen2-VL-7B (or 2B) built in bf16 on the device, no
-download, no network. For each option (LoRA / full fine-tuning, shared vision encoding on / off, live /
+download, no network. For each option (LoRA / full fine-tuning; the batch layout: tree-packed (each example's
+prompt through the language model once, losses/packing.py), shared vision encoding or repeated images; live /
 precomputed reference) and each image size, it runs the project's NCAPTrainer steps
 (`trainer.training_step` + optimizer step, as Trainer's loop does) and reports tokens per second, model FLOPs
 utilisation and peak GPU memory, as a table and JSON.
@@ -10,6 +11,7 @@ utilisation and peak GPU memory, as a table and JSON.
 Model FLOPs of one step: the work the step needs, whatever the implementation (each image encoded once, no
 activation-checkpointing recomputation). Per forward pass over the batch:
     text   = 2 * N_text * T + 4 * L * d * sum(S_i^2)     (T non-padding tokens, S_i sequence lengths, attention dense)
+             packed: T the tokens of the packed row, sum(S_i^2) -> 2 * (query, key) pairs of the tree mask
     head   = 2 * V * d * C                               (C completion tokens: TRL's fused head projects only those)
     vision = sum over unique images of 2 * N_vision(P) + 4 * L_v * d_v * P^2   (P patches; merger on P / 4)
     step, full fine-tuning = 3 * (text + head + vision)                (forward + backward of weights and inputs)
@@ -55,7 +57,7 @@ _HERE = Path(__file__).resolve().parent
 for _path in (_HERE, _HERE.parent, _HERE.parents[1]):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
-from checks import SMALL_SPEC, fused_head_check, matmul_peak, shared_vision_check  # noqa: E402
+from checks import SMALL_SPEC, fused_head_check, layout_check, matmul_peak  # noqa: E402
 from train_step import prepare_like_train, train_step  # noqa: E402
 
 # Qwen2-VL's published configurations (config.json of Qwen/Qwen2-VL-{7B,72B,2B}-Instruct); "tiny" is for --dry-run.
@@ -163,11 +165,14 @@ def step_flops(batch, counts: dict, spec: dict, finetune: str, live_reference: b
                lora_params: int = 0) -> dict:
     """Model and executed FLOPs of one NCA-P step on `batch` (see the module docstring)."""
     text, vision = spec["text"], spec["vision"]
-    lengths = batch["attention_mask"].sum(dim=1).double()
-    tokens = int(lengths.sum())
     completion = int(batch["completion_mask"].sum())
+    if "packed_input_ids" in batch:
+        tokens, squares = int(batch["packed_input_ids"].numel()), 2.0 * tree_pairs(batch)
+    else:
+        lengths = batch["attention_mask"].sum(dim=1).double()
+        tokens, squares = int(lengths.sum()), float((lengths ** 2).sum())
     linear = 2 * counts["text"] * tokens
-    attention = 4 * text["num_hidden_layers"] * text["hidden_size"] * float((lengths ** 2).sum())
+    attention = 4 * text["num_hidden_layers"] * text["hidden_size"] * squares
     head = 2 * counts["lm_head"] * completion
     grid = batch["image_grid_thw"]
     shared = "image_index" in batch
@@ -192,8 +197,26 @@ def step_flops(batch, counts: dict, spec: dict, finetune: str, live_reference: b
             "executed_flops": executed, "vision_share": image / forward, "vision_copies": copies}
 
 
+def tree_pairs(batch) -> float:
+    """(query, key) pairs the tree mask of a packed batch allows, without building it: a token attends to the
+    earlier tokens of its segment, itself and every token of its ancestor segments."""
+    import torch
+
+    segments, ancestors = batch["packed_segments"].cpu(), batch["packed_ancestors"].cpu()
+    sizes = torch.bincount(segments, minlength=ancestors.size(0)).double()
+    above = ancestors.double() @ sizes - sizes  # tokens in the strict ancestors of each segment
+    return float((above * sizes + sizes * (sizes + 1) / 2).sum())
+
+
+def causal_tree_flops(counts: dict, text: dict, segments: list[tuple[int, int]]) -> float:
+    """Language-model forward FLOPs of a tree given as (length, tokens above it) segments (dense convention)."""
+    tokens = sum(n for n, _ in segments)
+    pairs = sum(n * above + n * (n + 1) / 2 for n, above in segments)
+    return 2 * (counts["text"] + counts["lm_head"]) * tokens + 4 * text["num_hidden_layers"] * text["hidden_size"] * 2 * pairs
+
+
 def expected_speedups(counts: dict, spec: dict, patches: int, text_tokens: int, checkpointing: bool,
-                      sequences: int = 4) -> dict:
+                      sequences: int = 4, answer_tokens: int = 40, branch_tokens: int = 20) -> dict:
     """Step-time ratios predicted from the FLOPs each option executes, for one example of `sequences` sequences
     on one image (NCA-P: 4, DPO/NCA: 2).
 
@@ -201,6 +224,10 @@ def expected_speedups(counts: dict, spec: dict, patches: int, text_tokens: int, 
     (2x) and recomputation (c) through both towers; LoRA on the language model needs input gradients only (~1x)
     there and no backward through the frozen vision tower. The live reference adds one forward of each; the vision
     tower runs k = `sequences` times per model without sharing, once with it.
+
+    Packed: the language model runs the tree once per example: the prefix (image + the prompt text the
+    sequences share), one branch of `branch_tokens` per instruction variant (NCA-P: 2, DPO/NCA: none) and one
+    leaf of `answer_tokens` per sequence, instead of `sequences` full sequences (same convention as f_text).
     """
     text, vision = spec["text"], spec["vision"]
     length = text_tokens + patches // 4
@@ -210,8 +237,15 @@ def expected_speedups(counts: dict, spec: dict, patches: int, text_tokens: int, 
                      + counts["vision_merger"] * patches / 4)
                 + 4 * vision["depth"] * vision["embed_dim"] * patches ** 2)
     c = int(checkpointing)
+    variants = 2 if sequences == 4 else 1
+    branches = branch_tokens if variants > 1 else 0
+    prefix = length - answer_tokens - branches
+    f_text_packed = causal_tree_flops(counts, text, [(prefix, 0)] + [(branches, prefix)] * variants * (branches > 0)
+                                      + [(answer_tokens, prefix + branches)] * sequences)
+    # the same convention for the unpacked sequences: causal pairs, doubled (= dense S^2 up to S)
+    f_text_causal = sequences * causal_tree_flops(counts, text, [(length, 0)])
 
-    def step(finetune, k, live):
+    def step(finetune, k, live, f_text=f_text):
         if finetune == "full":
             policy = (3 + c) * (f_text + k * f_vision)
         else:
@@ -223,6 +257,10 @@ def expected_speedups(counts: dict, spec: dict, patches: int, text_tokens: int, 
         out[f"{finetune}_shared_vision_speedup"] = step(finetune, sequences, True) / step(finetune, 1, True)
         out[f"{finetune}_precompute_speedup"] = step(finetune, 1, True) / step(finetune, 1, False)
         out[f"{finetune}_combined_speedup"] = step(finetune, sequences, True) / step(finetune, 1, False)
+        for live in (True, False):
+            out[f"{finetune}_packed_speedup{'' if live else '_precomputed'}"] = (
+                step(finetune, 1, live, f_text_causal) / step(finetune, 1, live, f_text_packed))
+    out["packed_tokens_per_example"] = prefix + variants * branches + sequences * answer_tokens
     return out
 
 
@@ -232,12 +270,15 @@ def estimate(args) -> int:
 
     with tempfile.TemporaryDirectory(prefix="nca-p-estimate-") as tmp:
         processor = build_processor(Path(tmp), SPY_MIN_PIXELS, SPY_MAX_PIXELS)
-    lines = [(f"Expected NCA-P step-time ratios from executed FLOPs ({args.text_tokens} text tokens per sequence, "
+    lines = [(f"Expected step-time ratios from executed FLOPs ({args.text_tokens} text tokens per sequence, packed: "
+              f"{args.answer_tokens} answer tokens per sequence, {args.branch_tokens} tokens per NCA-P instruction "
+              f"variant, the rest shared; "
              f"activation checkpointing {'on' if args.activation_checkpointing else 'off'})"), "",
              ("| model | image | tokens/seq | vision share of an NCA-P forward (shared) | shared vision: full FT | LoRA "
              "| precompute (shared): full FT | LoRA | both: full FT | LoRA | DPO shared vision: full FT | LoRA "
+             "| NCA-P packed vs shared: full FT | LoRA | DPO packed vs shared: full FT | LoRA "
              "| reference weights freed |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     results = {}
     for model_name in ("7b", "2b"):
         spec = MODEL_SPECS[model_name]
@@ -247,8 +288,9 @@ def estimate(args) -> int:
         for size in args.sizes:
             w, h = parse_size(size)
             patches = (w // 14) * (h // 14)
-            e = expected_speedups(counts, spec, patches, args.text_tokens, args.activation_checkpointing)
-            dpo = expected_speedups(counts, spec, patches, args.text_tokens, args.activation_checkpointing, 2)
+            shape = {"answer_tokens": args.answer_tokens, "branch_tokens": args.branch_tokens}
+            e = expected_speedups(counts, spec, patches, args.text_tokens, args.activation_checkpointing, **shape)
+            dpo = expected_speedups(counts, spec, patches, args.text_tokens, args.activation_checkpointing, 2, **shape)
             results[f"{model_name}/{size}"] = {"nca_p": e, "dpo": dpo}
             lines.append(
                 f"| {model_name.upper()} ({counts['total'] / 1e9:.2f}B) | {size} | {e['tokens_per_sequence']} | "
@@ -257,16 +299,19 @@ def estimate(args) -> int:
                 f"{e['full_precompute_speedup']:.2f}x | {e['lora_precompute_speedup']:.2f}x | "
                 f"{e['full_combined_speedup']:.2f}x | {e['lora_combined_speedup']:.2f}x | "
                 f"{dpo['full_shared_vision_speedup']:.2f}x | {dpo['lora_shared_vision_speedup']:.2f}x | "
+                f"{e['full_packed_speedup']:.2f}x | {e['lora_packed_speedup']:.2f}x | "
+                f"{dpo['full_packed_speedup']:.2f}x | {dpo['lora_packed_speedup']:.2f}x | "
                 f"{2 * counts['total'] / 2**30:.1f} GiB (full FT) |")
     print("\n".join(lines))
     if args.out:
         write_outputs(Path(args.out), {"benchmark": "nca_p_flop_estimate", "text_tokens": args.text_tokens,
                                        "activation_checkpointing": args.activation_checkpointing,
-                                       "estimates": results}, "\n".join(lines), "nca_p_flop_estimate")
+                                       "estimates": results}, "\n".join(lines),
+                      "nca_p_flop_estimate" + ("" if args.text_tokens == 200 else f"_text{args.text_tokens}"))
     return 0
 
 
-def make_trainer(model, ref_model, args, dataset, processor, workdir: Path, name: str, shared: bool,
+def make_trainer(model, ref_model, args, dataset, processor, workdir: Path, name: str, layout: str,
                  precompute: bool = False, lora: bool = False, learning_rate: float = 1e-7):
     """The project's NCAPTrainer as a training run builds it, prepared as `Trainer.train()` prepares it; returns the
     trainer, the model to step and one collated batch."""
@@ -280,7 +325,7 @@ def make_trainer(model, ref_model, args, dataset, processor, workdir: Path, name
         report_to="none", max_length=None, per_device_train_batch_size=args.batch_size,
         activation_checkpointing=args.activation_checkpointing,
         activation_checkpointing_kwargs={"use_reentrant": False} if args.activation_checkpointing else None,
-        shared_vision=shared, precompute_ref_log_probs=precompute, disable_tqdm=True, learning_rate=learning_rate,
+        shared_vision=layout != "repeated", packed=layout == "packed", precompute_ref_log_probs=precompute, disable_tqdm=True, learning_rate=learning_rate,
     )
     peft_config = None
     if lora:
@@ -317,7 +362,7 @@ def run_config(cfg: dict, args, processor, dataset, workdir: Path, state: dict, 
     result["build_s"] = time.perf_counter() - t_start
     t0 = time.perf_counter()
     trainer, stepped, batch = make_trainer(model, ref_model, args, dataset, processor, workdir, cfg["name"],
-                                           cfg["shared_vision"], cfg["reference"] == "precomputed",
+                                           cfg["layout"], cfg["reference"] == "precomputed",
                                            cfg["finetune"] == "lora")
     state["trainer"] = trainer
     state.pop("ref_model", None)
@@ -395,17 +440,17 @@ def error_status(exc: BaseException) -> str:
 # ---- the run ------------------------------------------------------------------------------------------------------
 
 def configurations(args) -> list[dict]:
-    """Most informative first: at the first (largest) size, full fine-tuning and LoRA with shared vision on and off
-    (live reference), then the precomputed reference (shared), then the same at the other sizes."""
+    """Most informative first: at the first (largest) size, full fine-tuning and LoRA packed, then shared, then
+    repeated (live reference), then the precomputed reference (packed and shared), then the same at the other sizes."""
     out = []
     for size in args.sizes:
         for reference in args.references:
-            for finetune in args.finetune:
-                for shared in args.shared:
-                    if reference == "precomputed" and not shared and "on" in args.shared_values:
-                        continue  # precompute is measured with the default (shared) encoding only
-                    name = f"{size}/{finetune}/{'shared' if shared else 'repeated'}/{reference}"
-                    out.append({"name": name, "image_size": size, "finetune": finetune, "shared_vision": shared,
+            for layout in args.layouts:
+                for finetune in args.finetune:
+                    if reference == "precomputed" and layout == "repeated" and len(args.layouts) > 1:
+                        continue  # precompute is measured with the faster layouts only
+                    out.append({"name": f"{size}/{finetune}/{layout}/{reference}", "image_size": size,
+                                "finetune": finetune, "layout": layout, "shared_vision": layout != "repeated",
                                 "reference": reference})
     return out
 
@@ -425,32 +470,33 @@ def markdown_table(report: dict, args) -> str:
         lines.append(f"- check `{name}`: **{'ok' if check.get('ok') else 'FAILED'}** {json.dumps(detail)}")
     if checks:
         lines.append("")
-    lines += ["| image | finetune | vision | reference | status | step s | tokens/s | model TFLOP/s | MFU (datasheet) "
+    lines += ["| image | finetune | layout | reference | status | step s | tokens/s | model TFLOP/s | MFU (datasheet) "
               "| MFU (measured) | HFU (measured) | peak GB | GB after set-up |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         def fmt(key, spec, r=r):
             return format(r[key], spec) if r.get(key) is not None else "-"
-        lines.append(f"| {r['image_size']} | {r['finetune']} | {'shared' if r['shared_vision'] else 'repeated'} | "
+        lines.append(f"| {r['image_size']} | {r['finetune']} | {r['layout']} | "
                      f"{r['reference']} | {r['status'][:60]} | {fmt('step_s', '.3f')} | {fmt('tokens_per_s', '.0f')} | "
                      f"{fmt('tflops', '.1f')} | {fmt('mfu', '.1%')} | {fmt('mfu_measured_peak', '.1%')} | "
                      f"{fmt('hfu_measured_peak', '.1%')} | {fmt('peak_gb', '.1f')} | "
                      f"{fmt('allocated_after_setup_gb', '.1f')} |")
-    speedups = shared_speedups(report["results"])
-    if speedups:
-        lines += ["", "Shared vision encoding, step-time ratio repeated / shared:"]
-        lines += [f"- {k}: **{v:.2f}x**" for k, v in speedups.items()]
+    for title, slow, fast in (("Shared vision encoding, step-time ratio repeated / shared:", "repeated", "shared"),
+                              ("Tree packing, step-time ratio shared / packed:", "shared", "packed")):
+        speedups = layout_speedups(report["results"], slow, fast)
+        if speedups:
+            lines += ["", title] + [f"- {k}: **{v:.2f}x**" for k, v in speedups.items()]
     return "\n".join(lines)
 
 
-def shared_speedups(results: list[dict]) -> dict:
+def layout_speedups(results: list[dict], slow: str = "repeated", fast: str = "shared") -> dict:
     ok = {r["name"]: r for r in results if r["status"] == "ok"}
     out = {}
     for name, r in ok.items():
-        if r["shared_vision"]:
-            other = ok.get(name.replace("/shared/", "/repeated/"))
+        if r["layout"] == fast:
+            other = ok.get(name.replace(f"/{fast}/", f"/{slow}/"))
             if other:
-                out[name.replace("/shared", "")] = other["step_s"] / r["step_s"]
+                out[name.replace(f"/{fast}", "")] = other["step_s"] / r["step_s"]
     return out
 
 
@@ -473,7 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-pixels", type=int, help=f"image processor bound (default {SPY_MIN_PIXELS})")
     parser.add_argument("--max-pixels", type=int, help=f"image processor bound (default {SPY_MAX_PIXELS})")
     parser.add_argument("--finetune", default="lora,full", help="comma-separated: lora, full")
-    parser.add_argument("--shared", default="on,off", help="shared vision encoding: on, off or both")
+    parser.add_argument("--layout", default="packed,shared,repeated",
+                        help="batch layouts, comma-separated: packed (tree-packed), shared (each image encoded once), "
+                             "repeated (TRL's)")
     parser.add_argument("--reference", default="live,precomputed", help="live, precomputed or both")
     parser.add_argument("--batch-size", type=int, default=2, help="NCA-P examples per step (4 sequences each)")
     parser.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True,
@@ -494,6 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--estimate", action="store_true",
                         help="print the FLOP-based expected ratios for 7B and 2B at --sizes and exit (no GPU)")
     parser.add_argument("--text-tokens", type=int, default=200, help="--estimate: text tokens per sequence")
+    parser.add_argument("--answer-tokens", type=int, default=40, help="--estimate: answer tokens per sequence")
+    parser.add_argument("--branch-tokens", type=int, default=20,
+                        help="--estimate: tokens in which NCA-P's two instruction variants differ (each)")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny model on CPU, small images, one step each: checks the script end to end")
     args = parser.parse_args(argv)
@@ -507,12 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     args.max_pixels = args.max_pixels or defaults[2]
     args.sizes = [s for s in args.sizes.split(",") if s]
     args.finetune = [f for f in args.finetune.split(",") if f]
-    args.shared_values = [s for s in args.shared.split(",") if s]
-    args.shared = [s == "on" for s in args.shared_values]
+    args.layouts = [s for s in args.layout.split(",") if s]
     args.references = [r for r in args.reference.split(",") if r]
-    if (set(args.finetune) - {"lora", "full"} or set(args.shared_values) - {"on", "off"}
+    if (set(args.finetune) - {"lora", "full"} or set(args.layouts) - {"packed", "shared", "repeated"}
             or set(args.references) - {"live", "precomputed"}):
-        parser.error("--finetune takes lora/full, --shared on/off, --reference live/precomputed")
+        parser.error("--finetune takes lora/full, --layout packed/shared/repeated, --reference live/precomputed")
     if args.estimate:
         return estimate(args)
     out_dir = Path(args.out or os.environ.get("OUT") or Path(__file__).resolve().parents[1] / "results")
@@ -546,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "nca_p_throughput", "model": args.model, "model_spec": MODEL_SPECS[args.model],
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu",
-        "settings": {k: v for k, v in vars(args).items() if k not in ("shared_values", "torch_dtype")},
+        "settings": {k: v for k, v in vars(args).items() if k != "torch_dtype"},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "trl": _version("trl"), "peft": _version("peft"),
                      "accelerate": _version("accelerate"), "datasets": datasets.__version__, "cuda": torch.version.cuda},
@@ -599,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
             brief = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()
                      if k in ("status", "step_s", "tokens_per_s", "mfu", "mfu_measured_peak", "peak_gb", "freed")}
             print(f"    {brief} ({time.perf_counter() - t0:.0f} s)", flush=True)
-            report["shared_vision_speedups"] = shared_speedups(report["results"])
+            report["shared_vision_speedups"] = layout_speedups(report["results"], "repeated", "shared")
+            report["packed_speedups"] = layout_speedups(report["results"], "shared", "packed")
             report["wall_s"] = elapsed()
             write_outputs(out_dir, report, markdown_table(report, args), stem)
     report["wall_s"] = elapsed()
@@ -627,14 +678,16 @@ def run_checks(report: dict, args, processor, dataset, workdir: Path) -> None:
     def small_model(spec, processor, device):
         return build_model(spec, processor, device, args.torch_dtype)
 
-    def small_trainer(model, ref_model, shared):
-        return make_trainer(model, ref_model, args, dataset, processor, workdir, f"check-{shared}", shared,
+    def small_trainer(model, ref_model, layout):
+        return make_trainer(model, ref_model, args, dataset, processor, workdir, f"check-{layout}", layout,
                             learning_rate=1e-4)
 
     for name, run in (("fused_head", lambda: fused_head_check(small_model(SMALL_SPEC, processor, args.device),
                                                               args.device, args.dtype)),
-                      ("shared_vision", lambda: shared_vision_check(small_model, small_trainer, processor,
-                                                                    args.device, args.dtype))):
+                      ("shared_vision", lambda: layout_check(small_model, small_trainer, processor,
+                                                             args.device, args.dtype, ("shared", "repeated"))),
+                      ("packed", lambda: layout_check(small_model, small_trainer, processor,
+                                                      args.device, args.dtype, ("packed", "shared")))):
         t0 = time.perf_counter()
         try:
             report["checks"][name] = run()
