@@ -13,10 +13,8 @@ import pytest
 
 from data_prep.runs import read_jsonl, write_jsonl
 from data_prep.spy import expected_verdict
+from eval.view.browser import CHROMIUM, chromium
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
 pytestmark = pytest.mark.skipif(not CHROMIUM.is_file(), reason="needs Debian's Chromium at /usr/bin/chromium "
                                 "(apt-get install chromium chromium-driver; .ci/run installs it)")
 
@@ -31,16 +29,10 @@ sections:
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
-    with sync_api.sync_playwright() as p:
-        # a fresh profile for this module; no request to any Google service (this network refuses them anyway)
-        context = p.chromium.launch_persistent_context(tmp_path_factory.mktemp("chromium-profile"),
-                                                       executable_path=str(CHROMIUM), args=ARGS,
-                                                       viewport={"width": 1400, "height": 1000})
-        context.set_default_timeout(10_000)
+def browser():
+    pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
+    with chromium() as context:
         yield context
-        context.close()
 
 
 @pytest.fixture(scope="module")
