@@ -73,6 +73,7 @@ def browse(context, index: Path, label: str) -> dict:
     first = time.perf_counter() - start
     page.wait_for_selector("#status[data-done='1']", timeout=120_000)
     loaded = time.perf_counter() - start
+    drawn = page.evaluate("VIEWER.state.firstPageMs") / 1000  # the page's own clock: navigation -> first page drawn
     label_value = page.evaluate("VIEWER.state.rows[0].category")
     total = page.inner_text("#total")
     start = time.perf_counter()
@@ -81,9 +82,9 @@ def browse(context, index: Path, label: str) -> dict:
     filtered = time.perf_counter() - start
     n = int(page.get_attribute("#count", "data-n"))
     page.close()
-    print(f"{label:<58} first page {first:5.2f} s | all data {loaded:5.2f} s | one filter {filtered:5.2f} s "
-          f"({n} samples)", flush=True)
-    return {"first_page_s": first, "all_loaded_s": loaded, "filter_s": filtered}
+    print(f"{label:<58} first page {first:5.2f} s (page clock {drawn:5.2f} s) | all data {loaded:5.2f} s | "
+          f"one filter {filtered:5.2f} s ({n} samples)", flush=True)
+    return {"first_page_s": max(first, drawn), "all_loaded_s": loaded, "filter_s": filtered}
 
 
 def size_mib(folder: Path) -> float:

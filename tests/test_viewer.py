@@ -298,3 +298,22 @@ def test_bad_input_is_one_line_and_writes_nothing(synthetic_dir, tmp_path, capsy
     assert main(["view", str(tmp_path / "runs" / "a.jsonl"), "--out", str(tmp_path / "mine")]) == 2
     assert "holds something other than a viewer" in capsys.readouterr().err
     assert not (tmp_path / "v").exists() and sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["thesis.tex"]
+
+
+def test_geoprivacy_rows_score_q7_as_the_metrics_do(tmp_path):
+    """An MCQ run file's rows: the seven parsed answers against the gold labels, right = Q7 right, whose share is
+    `geo metrics`' q7_accuracy (no browser: the page draws these rows like any other)."""
+    from eval.geoprivacy import data
+    from eval.geoprivacy.metrics import join, mcq_metrics
+    from eval.view.records import geo_rows
+
+    gold = data.load_labels()
+    rng = random.Random(0)
+    run = [{"id": i, "setting": "mcq", "response": "\n".join(f"Q{q}: {rng.choice('ABC')}" for q in range(1, 8))}
+           for i in list(gold)[:40]]
+    write_jsonl(tmp_path / "mcq.jsonl", run)
+    rows = geo_rows(tmp_path / "mcq.jsonl")
+    metrics = mcq_metrics(join(data.load_predictions(tmp_path / "mcq.jsonl", "mcq"), gold))
+    assert len(rows) == 40 and sum(o["score"] for _, o in rows.values()) / 40 == pytest.approx(metrics["q7_accuracy"])
+    item, outcome = rows[f"geo/mcq/{run[0]['id']}"]
+    assert item["detail"]["gold"] == gold[run[0]["id"]] and outcome["extra"]["answers"]["Q1"] == run[0]["response"][4]

@@ -106,7 +106,9 @@ def geo_rows(path, setting: str | None = None, images=None, labels=None, metadat
     from eval.geoprivacy.metrics import granularity
 
     path = Path(path)
-    raw = read_jsonl(path, required=("id",))
+    raw = data.read_records(path)  # our JSON Lines run files, or the authors' released JSON lists
+    if not isinstance(raw, list) or not all(isinstance(r, dict) and "id" in r for r in raw):
+        raise InputError(path, None, "id", "expected records with an id (a GeoPrivacy run or prediction file)")
     setting = setting or geo.infer_setting(path, raw)
     gold = data.load_labels(labels or data.DEFAULT_LABELS)
     meta = data.load_metadata(metadata or data.DEFAULT_METADATA) if images is not None else {}
@@ -217,9 +219,11 @@ def load_run(source, images=None, spatialtrust_data=None, geo_labels=None) -> di
         return suite_rows(source, images, spatialtrust_data)
     if source.name == "results.json":
         return suite_rows(source.parent, images, spatialtrust_data)
-    records = read_jsonl(source)
-    if not records:
-        raise InputError(source, None, None, "no records")
+    from eval.geoprivacy.data import read_records
+
+    records = read_records(source)
+    if not isinstance(records, list) or not records or not isinstance(records[0], dict):
+        raise InputError(source, None, None, "no records (expected a run file: JSON Lines, or a JSON list)")
     first = records[0]
     if "label" in first and "is_privacy" in first:
         resp_key = "resp_3" if "eval_3" in first else "response"

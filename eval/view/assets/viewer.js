@@ -31,7 +31,7 @@ const VIEWER = (() => {
     { name: "changed", label: "outcome changed (baseline → focus)", value: change, multi: true,
       text: (v) => ({ improved: "wrong → right (better)", worsened: "right → wrong (worse)", same: "unchanged", "n/a": "not comparable" }[v] || v) },
   ];
-  const textMatch = (row, words) => words.every((w) => row._hay.indexOf(w) >= 0);
+  const textMatch = (row, words) => { const hay = row._hay || haystack(row); return words.every((w) => hay.indexOf(w) >= 0); };
   function passes(row, skip) {
     for (const f of FACETS) {
       if (f.name === skip) continue;
@@ -89,16 +89,13 @@ const VIEWER = (() => {
     if (n >= state.meta.n_chunks) return;
     const script = document.createElement("script");
     script.src = "data/rows-" + String(n).padStart(4, "0") + ".js";
-    script.onload = () => loadChunk(n + 1);
+    // Let the browser paint (the first page after chunk 0) and take input between chunks.
+    script.onload = () => (n === 0 ? requestAnimationFrame(() => setTimeout(() => loadChunk(1), 0)) : setTimeout(() => loadChunk(n + 1), 0));
     script.onerror = () => { $("#status").textContent = "could not load " + script.src; };
     document.body.appendChild(script);
   }
   function addChunk(n, rows) {
     for (const row of rows) {
-      const d = row.detail || {};
-      const parts = [row.key, row.category, state.meta.categories[row.category] || "", d.question || "", d.prompt || ""];
-      for (const o of row.runs) if (o) parts.push(o.answer || "", o.verdict || "");
-      row._hay = parts.join("\n").toLowerCase();
       row._n = state.rows.length;
       state.rows.push(row);
     }
@@ -107,6 +104,13 @@ const VIEWER = (() => {
     $("#status").textContent = done ? state.rows.length + " samples loaded" : "loading " + state.rows.length + " of " + state.meta.n_rows + "…";
     if (done) $("#status").dataset.done = "1";
     if (n === 0 || done) update(); else if (!state.timer) state.timer = setTimeout(() => { state.timer = null; update(); }, 400);
+    if (n === 0) state.firstPageMs = performance.now();  // since navigation started: what the benchmark reports
+  }
+  function haystack(row) {  // built on the first search, not while loading
+    const d = row.detail || {};
+    const parts = [row.key, row.category, state.meta.categories[row.category] || "", d.question || "", d.prompt || ""];
+    for (const o of row.runs) if (o) parts.push(o.answer || "", o.verdict || "");
+    return (row._hay = parts.join("\n").toLowerCase());
   }
 
   // ------------------------------------------------------------------------------------------------ controls
