@@ -5,8 +5,8 @@
 1. Draws a synthetic SPY-Bench of 67 x N items (data_prep/synthetic.py; N = 100 gives 6,700 items, one image each),
    expands it in both settings (about 65,000 samples: the released 32,700 x 2), judges every sample at random, and
    writes it as a suite folder (spy/<setting>/judged.jsonl and results.json, as `eval suite` does).
-2. Times `eval view` on it: the first build (every thumbnail made) and a second one into the same folder (thumbnails
-   reused), then a two-run view (a second run with 30% of the verdicts flipped).
+2. Times `eval view` on it: the first build (every thumbnail made), a second one into the same folder (thumbnails
+   reused), and a two-run view into a new folder (a second run with 30% of the verdicts flipped).
 3. Opens each in headless Chromium from file:// and times the first page (goto -> first sample card drawn), the
    whole data loaded, and one filter change over all rows.
 4. With the demo's outputs (`make demo`), writes the screenshot of its two-run view: the untrained base model
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -36,8 +35,8 @@ ANSWERS = {"respond": "The {} can be seen in the picture.", "reject": "I'm sorry
 
 def synthetic_suite(folder: Path, items_per_label: int, flip: float = 0.0, seed: int = 0, data=None) -> Path:
     """A suite-shaped folder of judged SPY-Bench runs over a synthetic bench (drawn into `data` when None)."""
-    from data_prep.synthetic import build
     from data_prep.spy_bench import build_samples
+    from data_prep.synthetic import build
 
     data = data or build(folder.parent / "synthetic-bench", train_per_label=1, test_per_label=items_per_label)
     rng = random.Random(seed)
@@ -133,26 +132,21 @@ def main() -> int:
         images = len(json.loads((data / "questions.json").read_text())["benchmark_list"])
         print(f"{n} samples, {images} images")
         _, first = timed("eval view, one run, first build (thumbnails made)",
-                         lambda: build_view([tmp / "run_a"], tmp / "view", progress=False))
-        one_size = size_mib(tmp / "view")
+                         lambda: build_view([tmp / "run_a"], tmp / "view1", progress=False))
+        one_size = size_mib(tmp / "view1")
         _, again = timed("eval view, one run, again (thumbnails reused)",
-                         lambda: build_view([tmp / "run_a"], tmp / "view", progress=False))
-        _, two = timed("eval view, two runs side by side (thumbnails reused)",
-                       lambda: build_view([tmp / "run_a", tmp / "run_b"], tmp / "view", progress=False))
-        shutil.rmtree(tmp / "view2", ignore_errors=True)
-        _, two_fresh = timed("eval view, two runs, into a new folder (thumbnails made)",
-                             lambda: build_view([tmp / "run_a", tmp / "run_b"], tmp / "view2", progress=False))
+                         lambda: build_view([tmp / "run_a"], tmp / "view1", progress=False))
+        _, two = timed("eval view, two runs side by side, new folder (thumbnails made)",
+                       lambda: build_view([tmp / "run_a", tmp / "run_b"], tmp / "view2", progress=False))
         print(f"site size with its images: one run {one_size:.0f} MiB, two runs {size_mib(tmp / 'view2'):.0f} MiB")
-        with chromium(timeout_ms=60_000) as context:
-            one = build_view([tmp / "run_a"], tmp / "view1", progress=False)
-            one_run = browse(context, one, f"Chromium, one run ({n} samples)")
+        with chromium(timeout_ms=120_000) as context:
+            one_run = browse(context, tmp / "view1" / "index.html", f"Chromium, one run ({n} samples)")
             two_runs = browse(context, tmp / "view2" / "index.html", f"Chromium, two runs ({n} samples x 2)")
             demo_screenshot(args.demo, args.screenshot, context)
-    worst_build = max(first, two_fresh)
+    worst_build = max(first, two)
     worst_page = max(one_run["first_page_s"], two_runs["first_page_s"])
     print(f"\nbuild {worst_build:.1f} s (target < 60 s: {'met' if worst_build < 60 else 'NOT met'}); first page "
-          f"{worst_page:.2f} s (target < 5 s: {'met' if worst_page < 5 else 'NOT met'}); rebuild {again:.1f} s, "
-          f"two runs over reused thumbnails {two:.1f} s")
+          f"{worst_page:.2f} s (target < 5 s: {'met' if worst_page < 5 else 'NOT met'}); rebuild {again:.1f} s")
     return 0
 
 

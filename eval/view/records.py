@@ -65,16 +65,17 @@ def spy_rows(path, section: str | None = None, images=None, categories=None, res
     cats = as_categories(categories)
     texts, absolute, scenario_names = cats.label2text(), cats.absolute_labels(), cats.scenarios_json()
     key_name = eval_key(resp_key)
-    rows = {}
+    rows, found = {}, {}  # image_path -> the checked image (items share images: one check each)
     for n, r in enumerate(read_jsonl(path, required=("id", "label", "is_privacy")), 1):
         scenario = r.get("scenario")
         scenario_is_privacy = scenario.get("is_privacy") if isinstance(scenario, dict) else None
         kind = "none" if scenario is None else "conflict" if scenario_is_privacy == 0 else "privacy"
         setting = section or ("with_distractors" if r.get("other_labels") else "without_distractors")
         lines, body = _instruction_lines(r, texts)
-        image = None
-        if images is not None and r.get("image_path"):
-            image = _existing_image(inside(images, r["image_path"], path, n, "image_path"), path, n, "image_path")
+        image = found.get(r.get("image_path"))
+        if image is None and images is not None and r.get("image_path"):
+            image = found[r["image_path"]] = _existing_image(inside(images, r["image_path"], path, n, "image_path"),
+                                                             path, n, "image_path")
         expected = expected_verdict(r["label"], int(r["is_privacy"]), scenario_is_privacy, cats)
         item = {"bench": "spy", "section": setting, "id": str(r["id"]), "image": image, "category": r["label"],
                 "scenario": kind, "variant": "private" if r["is_privacy"] else "not private", "expected": expected,

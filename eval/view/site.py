@@ -97,13 +97,12 @@ def write_site(rows: list[dict], run_names: list[str], sources: list[str], out, 
     table, shown = [], []
     for row in tqdm(rows, desc="thumbnails", disable=not progress, mininterval=1.0):
         path = row["image"]
-        if path is not None and Path(path) not in images:
-            images[Path(path)] = len(table)
+        if path is not None and path not in images:
+            images[path] = len(table)
             thumb, full = make_images(Path(path), out / "img")
             table.append({"thumb": thumb, "full": full})
         # the site names its own copies only: no path of this machine goes into the page
-        shown.append({**{k: v for k, v in row.items() if k != "image"},
-                      "img": None if path is None else images[Path(path)]})
+        shown.append({**{k: v for k, v in row.items() if k != "image"}, "img": images.get(path)})
     rows = shown
     chunks = [rows[i: i + CHUNK_ROWS] for i in range(0, len(rows), CHUNK_ROWS)] or [[]]
     for n, chunk in enumerate(chunks):

@@ -103,7 +103,7 @@ const VIEWER = (() => {
     const done = state.chunks >= state.meta.n_chunks;
     $("#status").textContent = done ? state.rows.length + " samples loaded" : "loading " + state.rows.length + " of " + state.meta.n_rows + "…";
     if (done) $("#status").dataset.done = "1";
-    if (n === 0 || done) update(); else if (!state.timer) state.timer = setTimeout(() => { state.timer = null; update(); }, 400);
+    if (n === 0 || done) update();  // in between only the status: the filters count over every row once all are in
     if (n === 0) state.firstPageMs = performance.now();  // since navigation started: what the benchmark reports
   }
   function haystack(row) {  // built on the first search, not while loading
