@@ -298,7 +298,7 @@ const VIEWER = (() => {
     if (row.variant) chips.push(`<span class="chip">instruction: ${esc(row.variant)}</span>`);
     const runs = state.meta.runs.map((_, i) => answerHtml(row, i)).join("");
     return `<article class="card${state.single === row.key ? " target" : ""}" data-key="${esc(row.key)}">
-      <header><a class="key" href="#id=${encodeURIComponent(row.key)}">${esc(row.key)}</a>${chips.join("")}</header>
+      <header><a class="key" elementtiming="card" href="#id=${encodeURIComponent(row.key)}">${esc(row.key)}</a>${chips.join("")}</header>
       <div class="body"><div class="media">${frame(row, false)}</div><div class="text">${itemHtml(row)}</div></div>
       <div class="answers" style="grid-template-columns:repeat(${state.meta.runs.length},minmax(0,1fr))">${runs}</div></article>`;
   }
