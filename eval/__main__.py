@@ -21,6 +21,7 @@ COMMANDS = {
     "spatialtrust": "eval.spatialtrust.cli",
     "suite": "eval.suite",
     "compare": "eval.compare",
+    "view": "eval.view",
 }
 
 

@@ -3,7 +3,9 @@ first, warning when the runs were scored over different sample counts or with ot
 
     python -m eval compare outputs/suite/base outputs/suite/nca_p [--names base NCA-P] --out leaderboard
 
-writes leaderboard/compare.md, compare.json and compare.png (one bar group per headline metric).
+writes leaderboard/compare.md, compare.json and compare.png (one bar group per headline metric), and the runs'
+per-sample viewer leaderboard/view/index.html (`python -m eval view`: answers side by side, the samples whose outcome
+changed), linked from compare.md.
 """
 
 from __future__ import annotations
@@ -52,15 +54,25 @@ def differences(runs: dict[str, dict]) -> list[str]:
     return warnings
 
 
-def compare(folders: list, out, names: list[str] | None = None) -> str:
+def compare(folders: list, out, names: list[str] | None = None, view: bool = True) -> str:
     from eval.report import bar_chart, markdown_table
 
     names = names or [Path(f).name for f in folders]
     if len(names) != len(folders) or len(set(names)) != len(names):
         raise InputError("command line", None, "--names", "give one distinct name per results folder")
     out = Path(out)
-    check_outputs([], [out / "compare.md", out / "compare.json", out / "compare.png"], folders=[out])
+    check_outputs([], [out / "compare.md", out / "compare.json", out / "compare.png"],
+                  folders=[out, *([out / "view"] if view else [])])
     runs = {name: load(folder) for name, folder in zip(names, folders)}
+    without = [name for name, results in runs.items() if not isinstance(results.get("sections"), dict)]
+    if view and without:  # a results.json made elsewhere: scores without the samples behind them
+        print(f"no sample viewer: {', '.join(without)} holds no per-sample sections", file=sys.stderr)
+        view = False
+    if view:
+        from eval.view import build_view
+
+        build_view(folders, out / "view", names=names, title=f"{' vs '.join(names)} (baseline {names[0]})",
+                   progress=False)
     keys = []
     for results in runs.values():
         for row in results["headline"]:
@@ -88,7 +100,10 @@ def compare(folders: list, out, names: list[str] | None = None) -> str:
               {name: [values[name].get(k) for k in keys] for name in names}, "leaderboard", "score (%)")
     write_text(out / "compare.md", f"# Leaderboard (deltas against {first})\n\n{table}"
                                    + ("\n## Warnings\n\n" + "".join(f"- {w}\n" for w in warnings) if warnings else "")
-                                   + "\n![leaderboard](compare.png)\n")
+                                   + "\n![leaderboard](compare.png)\n"
+                                   + ("\nEvery sample, the runs' answers side by side and the samples whose outcome "
+                                      "changed: [the sample viewer](view/index.html) (open it in a browser).\n"
+                                      if view else ""))
     write_json(out / "compare.json", {"runs": names, "rows": rows, "warnings": warnings})
     return table
 
@@ -98,7 +113,8 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", help="suite output folders (or their results.json); the first is the baseline")
     parser.add_argument("--names", nargs="+", help="one row name per folder (default: folder names)")
-    parser.add_argument("--out", required=True, help="folder for compare.md, compare.json, compare.png")
+    parser.add_argument("--out", required=True, help="folder for compare.md, compare.json, compare.png, view/")
+    parser.add_argument("--no-view", action="store_true", help="do not write the per-sample viewer (OUT/view)")
     args = parser.parse_args(argv)
-    print(compare(args.results, args.out, args.names), end="")
+    print(compare(args.results, args.out, args.names, view=not args.no_view), end="")
     return 0

@@ -2,13 +2,14 @@
 summary PNG (the model's privacy report card).
 
     python -m eval suite --config eval/suites/demo.yaml --model PATH_OR_ID --out DIR \\
-        [--root DIR] [--push-to-hub REPO] [--wandb [--wandb-project NAME]]
+        [--root DIR] [--push-to-hub REPO] [--wandb [--wandb-project NAME] [--wandb-samples N]] [--no-view]
 
 The suite drives the per-benchmark steps through their Python functions (eval/spy/cli.py, eval/spatialtrust/...),
 with one model load shared by all sections. Each step writes its run file under --out and resumes from it, so
 running the suite again continues where it stopped, and a finished section is read back without loading the
 model. `--push-to-hub` writes the headline metrics into the repo's card as model-index
-(huggingface_hub.metadata_update; the token comes from HF_TOKEN). The suite YAML (see eval/suites/):
+(huggingface_hub.metadata_update; the token comes from HF_TOKEN). OUT/view/index.html is the per-sample viewer
+(`python -m eval view`, docs/evaluation/viewer.md); `--wandb` also logs a table of samples. The suite YAML (see eval/suites/):
 
     name: demo
     root: outputs/demo            # relative paths below start here (--root overrides; default: the cwd)
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError
-from data_prep.runs import nonempty, write_json, write_text
+from data_prep.runs import int_at_least, nonempty, write_json, write_text
 
 SPY_SETTINGS = {"without_distractors": False, "with_distractors": True}
 SPY_HEADLINE = {"ics": "ICS", "hms": "HMS", "rta_nonconflict": "RtA", "ata_nonconflict": "AtA",
@@ -522,20 +523,29 @@ def push_results(repo: str, rows: list[dict], model_name: str) -> None:
                     commit_message="privacy-align: evaluation results (python -m eval suite)")
 
 
-def log_wandb(project: str, name: str, rows: list[dict], settings: dict) -> None:
+def log_wandb(project: str, name: str, rows: list[dict], settings: dict, out=None, samples: int = 100) -> None:
+    """The headline metrics, and beside them a table of the first `samples` samples of the suite folder `out`
+    (image, prompt, answer, verdict: eval/view's rows), as lmms-eval logs its samples."""
     import wandb
 
     from data_prep.secrets import redact_obj
 
     run = wandb.init(project=project, name=f"eval {name}", job_type="eval", config=redact_obj(settings),
                      tags=["eval", "suite"])
-    run.log({f"eval/{r['benchmark']}/{r['setting']}/{r['metric']}": r["value"] for r in rows
-             if r["value"] is not None})
+    logged = {f"eval/{r['benchmark']}/{r['setting']}/{r['metric']}": r["value"] for r in rows
+              if r["value"] is not None}
+    if out is not None and samples:
+        from eval.view import load_rows, sample_table
+
+        logged["eval/samples"] = sample_table(load_rows([out]), limit=samples)
+    run.log(logged)
     run.finish()
 
 
 def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub: str | None = None,
-              wandb: bool = False, wandb_project: str | None = None, overrides: dict | None = None) -> dict:
+              wandb: bool = False, wandb_project: str | None = None, overrides: dict | None = None,
+              view: bool = True, wandb_samples: int = 100) -> dict:
+    """Every section, then results.json, report.md, report.png and (`view`) the per-sample viewer in out/view."""
     config = load_config(config_path, root, overrides)
     out = Path(out)
     settings = settings_of(config, model)
@@ -560,7 +570,10 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
         runner.close()
     rows = headline(sections)
     name = config.get("name", Path(config_path).stem)
-    results = {"suite": name, "model": model, "settings": settings, "headline": rows, "sections": sections}
+    from eval.view.records import suite_inputs
+
+    results = {"suite": name, "model": model, "settings": settings, "headline": rows, "sections": sections,
+               "inputs": suite_inputs(config, out)}  # where the samples' images and data are, for eval view
     per_category = ""
     if "spy" in sections:
         results["spy_by_category"] = spy_by_category(sections["spy"], config["sections"]["spy"].get("categories"))
@@ -576,11 +589,15 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
                                   + markdown_table(rows, ["benchmark", "setting", "metric", "value", "n"])
                                   + ("\n" + "\n".join(notes) + "\n" if notes else "")
                                   + f"\n![summary]({png.name})\n" + per_category)
+    if view:
+        from eval.view import build_view
+
+        build_view([out], out / "view", names=[Path(model).name or model], progress=False)
     if push_to_hub:
         push_results(push_to_hub, rows, push_to_hub.split("/")[-1])
     if wandb:
         log_wandb(wandb_project or config.get("wandb_project") or os.environ.get("WANDB_PROJECT", "privacy-align"),
-                  name, rows, settings)
+                  name, rows, settings, out=out, samples=wandb_samples)
     return results
 
 
@@ -594,11 +611,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--push-to-hub", metavar="REPO", help="write the results into this Hub repo's card (model-index)")
     parser.add_argument("--wandb", action="store_true", help="log the headline metrics to W&B (job_type eval)")
     parser.add_argument("--wandb-project", help="default: the YAML's wandb_project, WANDB_PROJECT, privacy-align")
+    parser.add_argument("--wandb-samples", type=int_at_least(0), default=100,
+                        help="with --wandb: samples in the logged sample table (wandb.Table with images; 0: none)")
+    parser.add_argument("--no-view", action="store_true",
+                        help="do not write the per-sample viewer (default: OUT/view/index.html, `python -m eval view`)")
     args = parser.parse_args(argv)
     results = run_suite(args.config, args.model, args.out, root=args.root, push_to_hub=args.push_to_hub,
-                        wandb=args.wandb, wandb_project=args.wandb_project)
+                        wandb=args.wandb, wandb_project=args.wandb_project, view=not args.no_view,
+                        wandb_samples=args.wandb_samples)
     from eval.report import markdown_table
 
     print(markdown_table(results["headline"], ["benchmark", "setting", "metric", "value", "n"]), end="")
-    print(f"wrote {Path(args.out) / 'results.json'}, report.md and report.png", file=sys.stderr)
+    print(f"wrote {Path(args.out) / 'results.json'}, report.md, report.png"
+          + ("" if args.no_view else " and the sample viewer view/index.html"), file=sys.stderr)
     return 0

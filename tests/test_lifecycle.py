@@ -215,7 +215,8 @@ def test_suite_evaluates_resumes_and_pushes_model_index(tiny_model_dir, syntheti
     assert "loading" in first.stdout
 
     with HubServer() as hub:
-        env = {**hub_env(hub, tmp_path), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
+        env = {**hub_env(hub, tmp_path), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
+               "WANDB_DATA_DIR": str(tmp_path / "wandb-data")}  # where the sample table's images are staged
         card_dir = tmp_path / "card"
         shutil.copytree(tiny_model_dir, card_dir)
         (card_dir / "README.md").write_text("---\nlicense: apache-2.0\n---\n\n# my model\n")
@@ -233,6 +234,11 @@ def test_suite_evaluates_resumes_and_pushes_model_index(tiny_model_dir, syntheti
                                                                ("without distractors", "with distractors")}
     logged = b"".join(p.read_bytes() for p in (tmp_path / "wandb").rglob("*.wandb"))
     assert b"eval/SPY-Bench/with distractors/ICS" in logged
+    # beside the metrics, the sample table (wandb.Table, capped at --wandb-samples) with its images as the run's media
+    table = json.loads(next((tmp_path / "wandb").rglob("samples_*.table.json")).read_text())
+    assert len(table["data"]) == 20 + 20 + 3 and "image" in table["columns"]  # every sample: fewer than the cap, 100
+    assert b"media/images/" in logged
+    assert (out / "view" / "index.html").is_file()
 
 
 def test_suite_refuses_bad_config(tmp_path):

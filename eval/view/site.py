@@ -1,0 +1,126 @@
+"""The static site: index.html, the viewer's script and style (package data, copied), the rows in chunks of
+`<script>` files (a page opened from file:// may not fetch() JSON, but may load scripts beside it), and the
+images: a thumbnail and a full-size copy of each, named by the source file's path, size and time, so they are
+made once and reused by every later build into the same folder."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+from data_prep.errors import InputError
+from data_prep.runs import write_text
+from eval.view.records import GEO_GRANULARITY, dumps
+
+ASSETS = Path(__file__).parent / "assets"
+CHUNK_ROWS = 2000
+THUMB_SIDE = 240
+FULL_SIDE = 1600
+
+
+def image_name(path: Path) -> str:
+    stat = path.stat()
+    return hashlib.sha1(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
+
+
+def make_images(path: Path, folder: Path) -> tuple[str, str]:
+    """(thumbnail, full-size) paths relative to the site, made unless already there. The full-size image is the
+    file itself when the browser shows it and it is not huge, else a JPEG at most FULL_SIDE pixels on a side."""
+    from PIL import Image
+
+    name = image_name(path)
+    thumb, copied, resized = folder / f"{name}_t.jpg", folder / f"{name}{path.suffix.lower()}", folder / f"{name}_f.jpg"
+    for full in (copied, resized):
+        if thumb.exists() and full.exists():
+            return f"img/{thumb.name}", f"img/{full.name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    with Image.open(path) as image:
+        image.load()
+        rgb = image.convert("RGB")
+    if max(rgb.size) > FULL_SIDE or path.suffix.lower() not in (".jpg", ".jpeg", ".png", ".webp", ".gif"):
+        full = resized
+        copy = rgb.copy()
+        copy.thumbnail((FULL_SIDE, FULL_SIDE))
+        _save(copy, full)
+    else:
+        full = copied
+        tmp = full.with_name(f".{full.name}.tmp")
+        shutil.copyfile(path, tmp)
+        tmp.replace(full)
+    rgb.thumbnail((THUMB_SIDE, THUMB_SIDE))
+    _save(rgb, thumb)
+    return f"img/{thumb.name}", f"img/{full.name}"
+
+
+def _save(image, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    image.save(tmp, format="JPEG", quality=85)
+    tmp.replace(path)
+
+
+def check_site_folder(out: Path) -> None:
+    """The folder may be new, empty, or a viewer we wrote before; anything else is not ours to overwrite."""
+    if out.exists() and not out.is_dir():
+        raise InputError(out, None, None, "is a file; the viewer is a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "data" / "meta.js").is_file():
+        raise InputError(out, None, None, "is a folder that holds something other than a viewer; choose another --out")
+
+
+def category_names(rows: list[dict]) -> dict:
+    """category key -> its display name, per benchmark."""
+    from data_prep.categories import as_categories
+
+    names = {}
+    spy_texts = as_categories(None).label2text()
+    for row in rows:
+        key = row["category"]
+        if key in names:
+            continue
+        if row["bench"] == "spy":
+            names[key] = f"{key.split('_')[0]} {spy_texts.get(key, key.partition('_')[2])}"
+        elif row["bench"] == "geo":
+            names[key] = f"Q7 gold {key}: {GEO_GRANULARITY.get(key, key)}"
+        else:
+            names[key] = f"q1 gold {key}"
+    return names
+
+
+def write_site(rows: list[dict], run_names: list[str], sources: list[str], out, title: str = "privacy-align samples",
+               progress: bool = True) -> Path:
+    """Write the viewer of `rows` (records.merge_runs) under `out`; returns index.html."""
+    from tqdm.auto import tqdm
+
+    out = Path(out)
+    check_site_folder(out)
+    images: dict[Path, int] = {}
+    table, shown = [], []
+    for row in tqdm(rows, desc="thumbnails", disable=not progress, mininterval=1.0):
+        path = row["image"]
+        if path is not None and path not in images:
+            images[path] = len(table)
+            thumb, full = make_images(Path(path), out / "img")
+            table.append({"thumb": thumb, "full": full})
+        # the site names its own copies only: no path of this machine goes into the page
+        shown.append({**{k: v for k, v in row.items() if k != "image"}, "img": images.get(path)})
+    rows = shown
+    chunks = [rows[i: i + CHUNK_ROWS] for i in range(0, len(rows), CHUNK_ROWS)] or [[]]
+    for n, chunk in enumerate(chunks):
+        write_text(out / "data" / f"rows-{n:04d}.js", f"VIEWER.addChunk({n},{dumps(chunk)});\n")
+    for stale in (out / "data").glob("rows-*.js"):  # a bigger viewer built here before
+        if int(stale.stem.split("-")[1]) >= len(chunks):
+            stale.unlink()
+    meta = {"title": title, "runs": [{"name": n, "source": s} for n, s in zip(run_names, sources)],
+            "n_rows": len(rows), "n_chunks": len(chunks), "images": table, "categories": category_names(rows),
+            "sections": list(dict.fromkeys(r["section"] for r in rows)),
+            "benches": list(dict.fromkeys(r["bench"] for r in rows))}
+    write_text(out / "data" / "meta.js", f"VIEWER.setMeta({dumps(meta)});\n")
+    for asset in ("viewer.js", "viewer.css"):
+        write_text(out / asset, (ASSETS / asset).read_text(encoding="utf-8"))
+    page = (ASSETS / "index.html").read_text(encoding="utf-8").replace("{{title}}", _escape(title))
+    write_text(out / "index.html", page)
+    return out / "index.html"
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
