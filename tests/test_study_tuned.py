@@ -121,8 +121,12 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     assert [p["point"]["learning_rate"] for p in points] == pytest.approx([9e-4, 2.7e-3])
     assert all(p["point"]["beta"] == 0.01 for p in points)
     assert report["sweep"]["nca_p"]["kept"] in [p["point"] for p in points]
-    suite = json.loads((out / "suite" / "sweep" / "nca_p-lr0.0009-beta0.01-seed100" / "results.json").read_text())
-    assert suite["settings"]["sections"]["spy"]["items"].endswith("val_questions.json")
+    suite = out / "suite" / "sweep" / "nca_p-lr0.0009-beta0.01-seed100"
+    answered = [json.loads(line) for line in (suite / "spy" / "without_distractors" / "run.jsonl").open()][1:]
+    assert answered and all(r["image_path"].startswith("images/val/") for r in answered)
+    assert not (suite / "spy" / "with_distractors").exists()
+    general = [json.loads(line) for line in (suite / "synthetic_general" / "run.jsonl").open()][1:]
+    assert general and all(r["id"].startswith("general_val_") for r in general)
 
     # the final runs: every checkpoint evaluated (a learning curve), both settings at 1x and at the end
     runs = report["final"]["nca_p"]["runs"]
