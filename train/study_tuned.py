@@ -424,10 +424,13 @@ def tables(report: dict, alt: dict | None = None) -> str:
     columns = ["budget", "difference", "metric", "mean [95% CI]", "p", "verdict"]
     lines += [markdown_table(rows, columns + (["verdict on the other platform"] if alt else []))]
     if alt:
-        same = [key for key in ours if theirs.get(key) == ours[key]]
+        compared = [key for key in ours if key in theirs]
+        same = [key for key in compared if theirs[key] == ours[key]]
         p = alt["platform"]
         lines += ["", f"Other platform: CPU capability {p['cpu_capability']}, {p['threads']} thread(s), torch "
-                  f"{p['torch']}: {len(same)} of {len(ours)} verdicts the same."]
+                  f"{p['torch']}, seeds {alt['seeds']}: {len(same)} of {len(compared)} verdicts the same"
+                  + (f" ({len(ours) - len(compared)} not compared: missing there)." if len(compared) < len(ours)
+                     else ".")]
     lines += ["", f"wall time: {report['wall_seconds']} s (this invocation; finished runs are reused); training time "
               f"of the final runs: {report['train_seconds']} s", ""]
     return "\n".join(lines)
