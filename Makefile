@@ -27,7 +27,7 @@ study: $(STAMP)
 	$(OFFLINE) $(PY) -m train.study --out $(OUT)
 
 # The tuned protocol (docs/study.md): per-method sweep on a validation split, 5 seeds at the kept settings, 1x and 3x
-# budgets, learning curves, intervals and paired tests; about 80 min on a shared 2-core CPU, two runs at a time.
+# budgets, learning curves, intervals and paired tests; two runs at a time (docs/study.md: time and sizing).
 study-tuned: OUT = outputs/study-tuned
 study-tuned: $(STAMP)
 	$(OFFLINE) $(PY) -m train.study --protocol tuned --jobs 2 --out $(OUT)

@@ -44,7 +44,7 @@ COMPARED = ("ics", "hms", "general", "overall")
 CURVES = ("ics", "hms", "general")
 BETA_METHODS = ("dpo", "nca", "nca_p")
 # The common budget: 30 steps of 16 cases (the quick protocol's recipes have 80, cosine); the long one is 3x. Sized so
-# that the whole protocol ran in about 80 minutes on the shared 2-core machine (docs/study.md).
+# that the whole protocol fits in an evening on a shared 2-core machine (docs/study.md, "Sizing").
 TUNED_STEPS = 30
 
 
