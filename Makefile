@@ -9,7 +9,7 @@ OUT ?= outputs/demo
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 \
            WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: demo study test lint vllm-env gpu-wheels clean
+.PHONY: demo study study-tuned test lint vllm-env gpu-wheels clean
 
 # The exact tested set: pyproject.toml's ranges, resolved to constraints.txt's versions.
 $(STAMP): pyproject.toml constraints.txt
@@ -25,6 +25,12 @@ demo: $(STAMP)
 study: OUT = outputs/study
 study: $(STAMP)
 	$(OFFLINE) $(PY) -m train.study --out $(OUT)
+
+# The tuned protocol (docs/study.md): per-method sweep on a validation split, 5 seeds at the kept settings, 1x and 3x
+# budgets, learning curves, intervals and paired tests; two runs at a time (docs/study.md: time and sizing).
+study-tuned: OUT = outputs/study-tuned
+study-tuned: $(STAMP)
+	$(OFFLINE) $(PY) -m train.study --protocol tuned --jobs 2 --out $(OUT)
 
 test: $(STAMP)
 	$(OFFLINE) $(PY) -m pytest -q

@@ -69,6 +69,7 @@ REFUSAL_TEMPLATES = (
     "I'm unable to discuss the {t} of anyone in this picture.",
 )
 SHAPES = ("ellipse", "rectangle", "triangle")
+SPLIT_DIGIT = {"train": "1", "test": "2", "val": "3"}  # the first digit of a benchmark_id
 SCENARIO_POOL = 2  # conflict and privacy scenarios kept per category
 # The general task (the study's stand-in for MMMU / OCRBench / MME): questions about the picture with one checkable
 # answer, the background colour; the second kind names two colours, one of which fits. The test split uses new
@@ -120,7 +121,7 @@ def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int
     texts = cats.label2text()
     labels = list(texts)
     pools = scenario_pools(seed, cats)
-    questions = TRAIN_QUESTIONS if split == "train" else TEST_QUESTIONS
+    questions = TEST_QUESTIONS if split == "test" else TRAIN_QUESTIONS  # val: the training distribution
     rng = random.Random(f"{split}-{seed}")
     (out / "images" / split).mkdir(parents=True, exist_ok=True)
     items = []
@@ -134,7 +135,7 @@ def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int
         conflict, privacy = pools[label]
         privacy_scenarios = [cats.item_scenario(rng.choice(privacy))] if privacy else []
         items.append({
-            "benchmark_id": f"{'1' if split == 'train' else '2'}{n:07d}",
+            "benchmark_id": f"{SPLIT_DIGIT[split]}{n:07d}",
             "label": label,
             "other_labels": other_labels,
             "question_item": {
@@ -155,7 +156,7 @@ def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int
 
 def make_general(split: str, n: int, seed: int, out: Path, image_size: int = 56) -> list[dict]:
     """General-task items `{id, image_path, question, answer}`, images under out/images/general_<split>/."""
-    questions = GENERAL_TRAIN_QUESTIONS if split == "train" else GENERAL_TEST_QUESTIONS
+    questions = GENERAL_TEST_QUESTIONS if split == "test" else GENERAL_TRAIN_QUESTIONS
     rng = random.Random(f"general-{split}-{seed}")
     (out / "images" / f"general_{split}").mkdir(parents=True, exist_ok=True)
     items = []
@@ -176,9 +177,13 @@ def write_json(path: Path, obj) -> None:
 
 
 def build(out, train_per_label: int = 60, test_per_label: int = 2, seed: int = 0, image_size: int = 56,
-          categories=None, general_train: int = 0, general_test: int = 0) -> Path:
+          categories=None, general_train: int = 0, general_test: int = 0, val_per_label: int = 0,
+          general_val: int = 0) -> Path:
     """Write the synthetic data of a category set (a path or CategorySet; default SPY's 67) into `out`;
-    `general_train` / `general_test` > 0 also write general_train.json / general_test.json (the general task)."""
+    `general_train` / `general_test` > 0 also write general_train.json / general_test.json (the general task).
+    `val_per_label` / `general_val` > 0 write a validation split drawn from the training distribution (training
+    phrasings, new items and images, none of them in the held-out split): val_questions.json (SPY-Bench format)
+    and general_val.json, for choosing hyper-parameters without looking at the held-out split."""
     cats = as_categories(categories)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -190,7 +195,10 @@ def build(out, train_per_label: int = 60, test_per_label: int = 2, seed: int = 0
     write_json(out / "label2text.json", {"a0_safe": "safe", **cats.label2text()})
     if Path(cats.source).resolve() != (out / "categories.yaml").resolve():
         shutil.copyfile(cats.source, out / "categories.yaml")  # the data says which categories it was made from
-    for split, n in (("train", general_train), ("test", general_test)):
+    if val_per_label:
+        val = make_items("val", val_per_label, seed, out, image_size, cats)
+        write_json(out / "val_questions.json", {"benchmark_list": [to_bench_item(i) for i in val]})
+    for split, n in (("train", general_train), ("test", general_test), ("val", general_val)):
         if n:
             write_json(out / f"general_{split}.json", {"data_list": make_general(split, n, seed, out, image_size)})
     return out

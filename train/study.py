@@ -1,6 +1,7 @@
 """The SPY paper's alignment study in miniature, with repetitions: SFT, DPO, NCA and NCA-P from one helpful backbone.
 
     python -m train.study --out outputs/study        (or `make study`)
+    python -m train.study --protocol tuned --jobs 2 --out outputs/study-tuned        (or `make study-tuned`)
 
 1. builds the tiny random Qwen2-VL and the synthetic SPY-Tune / held-out SPY-Bench plus the synthetic general task
    (data_prep/synthetic.py), then the helpful backbone (recipes/study/backbone.yaml): SFT on every privacy question
@@ -14,7 +15,9 @@
 4. writes study.json (every method and seed, mean and std), study.md (the paper's Table 6 / 7 layout, the paper's
    numbers beside ours) and study.png (privacy against general ability, error bars over seeds).
 
-Everything lands in --out; running the command again reuses every finished run (fixed seeds).
+Everything lands in --out; running the command again reuses every finished run (fixed seeds). That is the quick
+protocol; `--protocol tuned` sweeps each method's learning rate and beta on a validation split, then runs more
+seeds at the kept settings with learning curves, intervals and paired tests (train/study_tuned.py, docs/study.md).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ METHODS = {"sft": "sft", "dpo": "dpo", "nca": "dpo", "nca_p": "nca_p"}  # method
 ROWS = {"backbone": "backbone (helpful)", "self_moderation": "self-moderation (training-free)",
         **{m: METHOD_NAMES[m] for m in METHODS}}
 SPY = {"ics": "ICS", "rta_nonconflict": "RtA", "ata_nonconflict": "AtA", "hms": "HMS"}
+# The quick protocol's settings (a folder it made stays usable); the tuned one adds its own and the platform.
+QUICK_SETTINGS = ("backbone_steps", "steps", "train_per_label", "test_per_label", "general_train", "general_test",
+                  "eval_batch_size", "max_new_tokens", "eval_limit", "train_args")
 # The paper's numbers that we have (the issue, ../shared/specs): ICS / HMS of its main setting (with distractors),
 # MMMU val accuracy and the composite; anything else is n/a.
 PAPER = {"backbone": {"ICS": 3.06, "MMMU val": 50.44}, "sft": {"MMMU val": 5.56}, "dpo": {"overall": 75.99},
@@ -169,41 +175,70 @@ def plot(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None):
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="outputs/study")
-    parser.add_argument("--seeds", type=option("seed"), nargs="+", default=[0, 1, 2])
-    parser.add_argument("--backbone-steps", type=option("backbone_steps"), default=None, help="default: recipes/study/backbone.yaml")
-    parser.add_argument("--steps", type=option("steps"), default=None, help="alignment steps of every method (default: recipes)")
-    parser.add_argument("--train-per-label", type=option("train_per_label"), default=20, help="synthetic SPY-Tune items per category")
-    parser.add_argument("--test-per-label", type=option("test_per_label"), default=2, help="held-out SPY-Bench items per category")
-    parser.add_argument("--general-train", type=option("general_train"), default=2000, help="general-task training questions")
+    parser.add_argument("--protocol", choices=["quick", "tuned"], default="quick")
+    parser.add_argument("--seeds", type=option("seed"), nargs="+", default=None,
+                        help="default: 0 1 2 (quick), 0 1 2 3 4 (tuned)")
+    parser.add_argument("--backbone-steps", type=option("backbone_steps"), default=None,
+                        help="default: recipes/study/backbone.yaml")
+    parser.add_argument("--steps", type=option("steps"), default=None, help="alignment steps of every method (default: "
+                        "recipes, 80); the tuned protocol's common (1x) budget (default 30)")
+    parser.add_argument("--train-per-label", type=option("train_per_label"), default=20,
+                        help="synthetic SPY-Tune items per category")
+    parser.add_argument("--test-per-label", type=option("test_per_label"), default=2,
+                        help="held-out SPY-Bench items per category")
+    parser.add_argument("--general-train", type=option("general_train"), default=2000,
+                        help="general-task training questions")
     parser.add_argument("--general-test", type=option("general_test"), default=200, help="held-out general-task questions")
     parser.add_argument("--eval-batch-size", type=option("eval_batch_size"), default=64)
     parser.add_argument("--max-new-tokens", type=option("max_new_tokens"), default=32)
-    parser.add_argument("--eval-limit", type=option("eval_limit"), default=None, help="evaluate only the first N samples (tests)")
+    parser.add_argument("--eval-limit", type=option("eval_limit"), default=None,
+                        help="evaluate only the first N samples (tests)")
+    from train.study_tuned import add_arguments, tuned_settings
+
+    add_arguments(parser, list(METHODS))
     parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                         help="extra recipe overrides for every training run, e.g. --train-args --logging_steps 1")
     args = parser.parse_args(argv)
+    if args.protocol == "quick":
+        args.seeds = args.seeds or [0, 1, 2]
+        return args, {k: getattr(args, k) for k in QUICK_SETTINGS}  # more seeds later is fine
+    return args, tuned_settings(args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, settings = parse(argv)
     log = Clock()
     out = Path(args.out)
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "seeds")}  # more seeds later is fine
     open_out(out, "study", settings)
 
     from data_prep import synthetic
     from train.tiny_model import DEMO_CONFIG, build_tiny_model
 
     model_dir, data = out / "tiny-qwen2vl", out / "synthetic-spy-tune"
+    val = {"val_per_label": args.val_per_label, "general_val": args.general_val} if args.protocol == "tuned" else {}
     build_once(data, lambda d: synthetic.build(d, args.train_per_label, args.test_per_label,
-                                               general_train=args.general_train, general_test=args.general_test))
+                                               general_train=args.general_train, general_test=args.general_test,
+                                               **val))
     build_once(model_dir, lambda d: build_tiny_model(d, corpus=synthetic.text_corpus(general=True), **DEMO_CONFIG))
     log(f"tiny Qwen2-VL in {model_dir}, synthetic SPY-Tune, SPY-Bench and general task in {data}")
     recipes = ROOT / "recipes" / "study"
     backbone = out / "backbone"
     train("sft", model_dir, data, backbone, args.backbone_steps, log,
           ["--general_data_path", str(data / "general_train.json"), *args.train_args], recipes / "backbone.yaml")
-    per_seed = {row: {"deterministic": values}
-                for row, values in evaluate("backbone", backbone, out, args, log, self_moderation=True).items()}
+    backbone_rows = evaluate("backbone", backbone, out, args, log, self_moderation=True)
+    if args.protocol == "tuned":
+        from train import study_tuned
+
+        report = study_tuned.run_protocol(args, out, backbone, data, backbone_rows, log)
+        text = study_tuned.write_report({**report, "settings": settings}, out)
+        print("\n" + text)
+        log(f"done in {report['wall_seconds']} s: {out / 'study.json'}, {out / 'study.md'}, "
+            f"{out / 'study_curves.png'}")
+        return
+    per_seed = {row: {"deterministic": values} for row, values in backbone_rows.items()}
     for seed in args.seeds:  # seed-major, each run evaluated once trained: a stopped study has whole seeds
         for method, script in METHODS.items():
             folder = out / "runs" / f"{method}-seed{seed}"

@@ -34,6 +34,29 @@ def score(records: list[dict]) -> dict:
     return {"accuracy": 100 * correct / len(records) if records else None, "n": len(records), "correct": correct}
 
 
+ANSWER_KINDS = ("correct", "refusal", "wrong_colour", "malformed")
+
+
+def breakdown(records: list[dict]) -> dict:
+    """Why answers are wrong: the share (%) of answers that are correct, refusals (the rule judge's refusal phrases),
+    another colour word, or anything else (malformed: a sentence, token soup, an empty answer)."""
+    from data_prep.synthetic import COLOURS
+    from eval.spy.rule_judge import rule_verdict
+
+    counts = dict.fromkeys(ANSWER_KINDS, 0)
+    for r in records:
+        answer = normalize(r.get("response"))
+        if answer == normalize(r["answer"]):
+            counts["correct"] += 1
+        elif answer and rule_verdict(answer) == "reject":
+            counts["refusal"] += 1
+        elif answer in COLOURS:
+            counts["wrong_colour"] += 1
+        else:
+            counts["malformed"] += 1
+    return {kind: 100 * n / len(records) if records else None for kind, n in counts.items()}
+
+
 def run(generator, data, images, folder, backend: str, limit: int | None = None, options: dict | None = None) -> dict:
     """Answer every question (resumable run file folder/run.jsonl), score, write folder/score.json."""
     from eval.backends import generate_run
@@ -45,7 +68,7 @@ def run(generator, data, images, folder, backend: str, limit: int | None = None,
     header = {"step": "synthetic general", "model": generator.name, "backend": backend, **(options or {})}
     records = generate_run(generator, requests, Path(folder) / "run.jsonl", meta={i["id"]: i for i in items},
                            progress=False, header=header)
-    result = score(records)
+    result = {**score(records), "breakdown": breakdown(records)}
     write_json(Path(folder) / "score.json", result)
     return result
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError
 from data_prep.runs import check_outputs
 
@@ -70,7 +71,7 @@ def sample_table(rows: list[dict], run: int = 0, limit: int = 100):
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval view", description=__doc__,
+    parser = ArgumentParser(prog="python -m eval view", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="suite folders or run files; the first is the baseline")
     parser.add_argument("--out", required=True, help="folder for index.html, its data and image thumbnails")
