@@ -9,7 +9,7 @@ OUT ?= outputs/demo
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 \
            WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: demo study test lint vllm-env gpu-wheels clean
+.PHONY: demo study test lint docs vllm-env gpu-wheels clean
 
 # The exact tested set: pyproject.toml's ranges, resolved to constraints.txt's versions.
 $(STAMP): pyproject.toml constraints.txt
@@ -31,6 +31,16 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# The documentation site (docs/, mkdocs.yml) into site/; strict: a broken link, a missing page or an unresolved API
+# reference fails. The CLI reference is generated from the parsers, so it needs the project installed.
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(OFFLINE) $(PY) -m mkdocs build --strict --quiet
 
 # vLLM pins its own torch and transformers, so it lives in its own environment (GPU machines only).
 vllm-env:
