@@ -127,29 +127,26 @@ def recipe_keys_markdown() -> str:
     """Per training script: its dataclasses, and the fields this project adds (TRL's own are in the CLI reference)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
+    types = {stem: parser_of(("path", str(ROOT / "train" / f"{stem}.py"))).dataclass_types for stem in TRL_SCRIPTS}
     out = []
-    for stem in TRL_SCRIPTS:
-        parser = parser_of(("path", str(ROOT / "train" / f"{stem}.py")))
-        names = ", ".join(f"`{t.__module__}.{t.__name__}`" for t in parser.dataclass_types)
+    for stem, classes in types.items():
+        names = ", ".join(f"`{cls.__module__}.{cls.__name__}`" for cls in classes)
         out += [f"### `train/{stem}.py`", "", f"Dataclasses, in order: {names}.", ""]
-    seen = set()
     out += ["### Keys this project defines", ""]
-    for stem in TRL_SCRIPTS:
-        for cls in parser_of(("path", str(ROOT / "train" / f"{stem}.py"))).dataclass_types:
-            if not cls.__module__.split(".")[0] in ("train", "losses", "data_prep") or cls in seen:
-                continue
-            seen.add(cls)
-            parents = set().union(*(getattr(b, "__dataclass_fields__", {}).keys() for b in cls.__mro__[1:]))
-            own = [f for f in dataclasses.fields(cls) if f.name not in parents or f.name in cls.__dict__]
-            out += [f"#### `{cls.__module__}.{cls.__name__}`", "", "| key | default | what |", "|---|---|---|"]
-            for f in own:
-                if f.default is not dataclasses.MISSING:
-                    default = f"`{f.default!r}`"
-                else:
-                    default = "required" if f.default_factory is dataclasses.MISSING else f"`{f.default_factory()!r}`"
-                text = " ".join(str(f.metadata.get("help", "")).split()).replace("|", "\\|")
-                out.append(f"| `{f.name}` | {default} | {text} |")
-            out.append("")
+    ours = dict.fromkeys(cls for classes in types.values() for cls in classes
+                         if cls.__module__.split(".")[0] in ("train", "losses", "data_prep"))
+    for cls in ours:
+        inherited = set().union(*(getattr(base, "__dataclass_fields__", {}) for base in cls.__mro__[1:]))
+        own = [f for f in dataclasses.fields(cls) if f.name not in inherited or f.name in cls.__dict__]
+        out += [f"#### `{cls.__module__}.{cls.__name__}`", "", "| key | default | what |", "|---|---|---|"]
+        for f in own:
+            if f.default is not dataclasses.MISSING:
+                default = f"`{f.default!r}`"
+            else:
+                default = "required" if f.default_factory is dataclasses.MISSING else f"`{f.default_factory()!r}`"
+            text = " ".join(str(f.metadata.get("help", "")).split()).replace("|", "\\|")
+            out.append(f"| `{f.name}` | {default} | {text} |")
+        out.append("")
     return "\n".join(out)
 
 
