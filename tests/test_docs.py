@@ -153,7 +153,7 @@ def resolve(words: list[str]) -> tuple[str, list[str]]:
     raise AssertionError(f"unexpected command: {words}")
 
 
-@pytest.mark.parametrize("page", ["getting-started.md", "training/lora.md", "evaluation/backends.md"])
+@pytest.mark.parametrize("page", ["../README.md", "getting-started.md", "training/lora.md", "evaluation/backends.md"])
 def test_every_command_shown_parses_with_its_real_parser(hook, page):
     by_name = {command: how for command, _, how in hook.commands()}
     seen = 0
@@ -161,6 +161,8 @@ def test_every_command_shown_parses_with_its_real_parser(hook, page):
         if words[0] in ("make", "pip"):  # set-up lines, not command lines of ours
             continue
         command, args = resolve(words)
+        if command == "python -m eval view" and command not in by_name:  # the viewer arrives with issue 27
+            continue
         parser = hook.parser_of(by_name[command])
         if command.startswith("train/"):  # train/X.py RECIPE [--key value ...]: the recipe is read by parse_recipe
             assert (ROOT / args[0]).exists(), args[0]
