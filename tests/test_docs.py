@@ -59,10 +59,21 @@ def nav_pages(node=None) -> set[str]:
 
 @pytest.fixture(scope="module")
 def hook():
+    import logging
+
+    from data_prep.log import PACKAGES
+
     spec = importlib.util.spec_from_file_location("cli_reference", DOCS / "hooks" / "cli_reference.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    # the commands run here set up our loggers (eval's main does); leave them as the other tests found them
+    loggers = [logging.getLogger(name) for name in PACKAGES]
+    saved = [(lg.level, list(lg.handlers), lg.propagate) for lg in loggers]
+    yield module
+    for lg, (level, handlers, propagate) in zip(loggers, saved):
+        lg.setLevel(level)
+        lg.handlers[:] = handlers
+        lg.propagate = propagate
 
 
 @pytest.fixture(scope="module")
