@@ -9,7 +9,7 @@ OUT ?= outputs/demo
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 \
            WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: demo study study-tuned test lint vllm-env gpu-wheels clean
+.PHONY: demo study study-tuned test lint docs vllm-env gpu-wheels clean
 
 # The exact tested set: pyproject.toml's ranges, resolved to constraints.txt's versions.
 $(STAMP): pyproject.toml constraints.txt
@@ -73,6 +73,17 @@ $(VLLM_VENV)/.installed-cpu:
 	$(VLLM_VENV)/bin/python -c 'import torch, torchvision, vllm; torchvision.ops.nms(torch.zeros(1, 4), torch.ones(1), 0.5); \
 	    print("vllm", vllm.__version__, "torch", torch.__version__, "torchvision", torchvision.__version__)'
 	touch $@
+
+# The documentation site (docs/, mkdocs.yml) into site/; strict: a broken link, a missing page or an unresolved API
+# reference fails. The CLI reference is generated from the parsers, so it needs the project installed.
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(OFFLINE) $(PY) -m mkdocs build --strict --quiet
+
 
 # What the lent GPU machine (Python 3.12, torch 2.11, transformers 5.17, no trl/datasets, no network) lacks, as
 # wheels for its Python, carried in .whl/ (git-ignored) and installed by benchmarks/gpu/run.sh. The versions are
