@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import runpy
 import sys
 import warnings
@@ -41,7 +42,8 @@ def _width():
 
 
 def _main_modules(package: str) -> list[str]:
-    return sorted(p.stem for p in (ROOT / package).glob("*.py") if 'if __name__ == "__main__"' in p.read_text())
+    return sorted(p.stem for p in (ROOT / package).glob("*.py")
+                  if re.search(r'^if __name__ == "__main__":', p.read_text(), re.MULTILINE))
 
 
 def commands() -> list[tuple[str, list[str], object]]:
