@@ -24,7 +24,6 @@ from pathlib import Path
 
 from data_prep import locks, secrets
 from data_prep.errors import InputError, new_file_mode, read_text, unwritable
-from data_prep.numbers import int_at_least, positive_float  # noqa: F401 - the argparse types commands import from here
 
 logger = logging.getLogger(__name__)
 

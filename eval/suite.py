@@ -35,7 +35,8 @@ from pathlib import Path
 
 from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError
-from data_prep.runs import int_at_least, nonempty, write_json, write_text
+from data_prep.numbers import int_at_least
+from data_prep.runs import nonempty, write_json, write_text
 
 SPY_SETTINGS = {"without_distractors": False, "with_distractors": True}
 SPY_HEADLINE = {"ics": "ICS", "hms": "HMS", "rta_nonconflict": "RtA", "ata_nonconflict": "AtA",

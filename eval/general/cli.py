@@ -18,7 +18,8 @@ from pathlib import Path
 
 from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError
-from data_prep.runs import RunFile, check_outputs, int_at_least, nonempty
+from data_prep.numbers import int_at_least
+from data_prep.runs import RunFile, check_outputs, nonempty
 from eval.general import mme, mmmu, ocrbench, results
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError, check_image, read_text
-from data_prep.runs import RunFile, check_outputs, int_at_least, nonempty, warn_if_empty, warn_unequal_counts
+from data_prep.numbers import int_at_least
+from data_prep.runs import RunFile, check_outputs, nonempty, warn_if_empty, warn_unequal_counts
 from eval.geoprivacy import data
 from eval.geoprivacy.prompts import MAX_FOLLOWUPS, METHODS, PROMPT_FORMATS
 

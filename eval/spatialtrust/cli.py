@@ -17,12 +17,11 @@ from pathlib import Path
 
 from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError, read_json
-from data_prep.numbers import option
+from data_prep.numbers import int_at_least, option
 from data_prep.runs import (
     RunFile,
     check_outputs,
     claim_folder,
-    int_at_least,
     nonempty,
     read_jsonl,
     warn_if_empty,

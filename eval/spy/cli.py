@@ -27,12 +27,11 @@ from pathlib import Path
 from data_prep.categories import CategorySet, as_categories
 from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError, read_json
+from data_prep.numbers import int_at_least, positive_float
 from data_prep.runs import (
     RunFile,
     check_outputs,
-    int_at_least,
     nonempty,
-    positive_float,
     read_jsonl,
     warn_if_empty,
     warn_unequal_counts,
