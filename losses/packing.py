@@ -31,6 +31,7 @@ its unpacked sequence, so the log-probabilities, the losses and the gradients ar
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import types
@@ -278,13 +279,25 @@ class PackedAttention:
         self.ran: dict[str, str] = {}
         self.fallback: str | None = None  # why flex was given up, when it was
         self.flex_proven = False
+        self.forced: str | None = None  # `only`: every pass on one kernel (side-by-side checks)
         self._key, self._masks = None, {}
+
+    @contextlib.contextmanager
+    def only(self, kind: str):
+        """Run every pass on `kind` ("flex" or "sdpa") inside the block, e.g. to compare the two on one batch."""
+        self.forced = kind
+        try:
+            yield self
+        finally:
+            self.forced = None
 
     def may_use_flex(self, model_type: str | None) -> bool:
         return self.requested == "flex" or (self.requested == "auto" and bool(flex_ran_on(model_type)))
 
     def choose(self, model_type: str | None, device_type: str, gradient: bool) -> str:
         """"flex" or "sdpa" for one pass."""
+        if self.forced is not None:
+            return self.forced
         if self.fallback is not None or self.requested == "sdpa":
             return "sdpa"
         if self.requested == "auto":

@@ -57,7 +57,7 @@ _HERE = Path(__file__).resolve().parent
 for _path in (_HERE, _HERE.parent, _HERE.parents[1]):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
-from checks import SMALL_SPEC, fused_head_check, layout_check, matmul_peak  # noqa: E402
+from checks import SMALL_SPEC, flex_logp_check, fused_head_check, layout_check, matmul_peak  # noqa: E402
 from train_step import prepare_like_train, train_step  # noqa: E402
 
 # Qwen2-VL's published configurations (config.json of Qwen/Qwen2-VL-{7B,72B,2B}-Instruct); "tiny" is for --dry-run.
@@ -325,7 +325,9 @@ def make_trainer(model, ref_model, args, dataset, processor, workdir: Path, name
         report_to="none", max_length=None, per_device_train_batch_size=args.batch_size,
         activation_checkpointing=args.activation_checkpointing,
         activation_checkpointing_kwargs={"use_reentrant": False} if args.activation_checkpointing else None,
-        shared_vision=layout != "repeated", packed=layout == "packed", precompute_ref_log_probs=precompute, disable_tqdm=True, learning_rate=learning_rate,
+        shared_vision=layout != "repeated", packed=layout.startswith("packed"),
+        packed_attention="flex" if layout == "packed_flex" else "sdpa",
+        precompute_ref_log_probs=precompute, disable_tqdm=True, learning_rate=learning_rate,
     )
     peft_config = None
     if lora:
@@ -482,7 +484,8 @@ def markdown_table(report: dict, args) -> str:
                      f"{fmt('hfu_measured_peak', '.1%')} | {fmt('peak_gb', '.1f')} | "
                      f"{fmt('allocated_after_setup_gb', '.1f')} |")
     for title, slow, fast in (("Shared vision encoding, step-time ratio repeated / shared:", "repeated", "shared"),
-                              ("Tree packing, step-time ratio shared / packed:", "shared", "packed")):
+                              ("Tree packing, step-time ratio shared / packed:", "shared", "packed"),
+                              ("Packed attention, step-time ratio sdpa / flex:", "packed", "packed_flex")):
         speedups = layout_speedups(report["results"], slow, fast)
         if speedups:
             lines += ["", title] + [f"- {k}: **{v:.2f}x**" for k, v in speedups.items()]
@@ -519,9 +522,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-pixels", type=int, help=f"image processor bound (default {SPY_MIN_PIXELS})")
     parser.add_argument("--max-pixels", type=int, help=f"image processor bound (default {SPY_MAX_PIXELS})")
     parser.add_argument("--finetune", default="lora,full", help="comma-separated: lora, full")
-    parser.add_argument("--layout", default="packed,shared,repeated",
-                        help="batch layouts, comma-separated: packed (tree-packed), shared (each image encoded once), "
-                             "repeated (TRL's)")
+    parser.add_argument("--layout", default="packed_flex,packed,shared,repeated",
+                        help="batch layouts, comma-separated: packed_flex (tree-packed, flex_attention with the "
+                             "block mask), packed (tree-packed, sdpa with the boolean tree mask), shared (each image "
+                             "encoded once), repeated (TRL's)")
     parser.add_argument("--reference", default="live,precomputed", help="live, precomputed or both")
     parser.add_argument("--batch-size", type=int, default=2, help="NCA-P examples per step (4 sequences each)")
     parser.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True,
@@ -560,9 +564,9 @@ def main(argv: list[str] | None = None) -> int:
     args.finetune = [f for f in args.finetune.split(",") if f]
     args.layouts = [s for s in args.layout.split(",") if s]
     args.references = [r for r in args.reference.split(",") if r]
-    if (set(args.finetune) - {"lora", "full"} or set(args.layouts) - {"packed", "shared", "repeated"}
+    if (set(args.finetune) - {"lora", "full"} or set(args.layouts) - {"packed_flex", "packed", "shared", "repeated"}
             or set(args.references) - {"live", "precomputed"}):
-        parser.error("--finetune takes lora/full, --layout packed/shared/repeated, --reference live/precomputed")
+        parser.error("--finetune takes lora/full, --layout packed_flex/packed/shared/repeated, --reference live/precomputed")
     if args.estimate:
         return estimate(args)
     out_dir = Path(args.out or os.environ.get("OUT") or Path(__file__).resolve().parents[1] / "results")
@@ -651,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {brief} ({time.perf_counter() - t0:.0f} s)", flush=True)
             report["shared_vision_speedups"] = layout_speedups(report["results"], "repeated", "shared")
             report["packed_speedups"] = layout_speedups(report["results"], "shared", "packed")
+            report["flex_speedups"] = layout_speedups(report["results"], "packed", "packed_flex")
             report["wall_s"] = elapsed()
             write_outputs(out_dir, report, markdown_table(report, args), stem)
     report["wall_s"] = elapsed()
@@ -672,7 +677,8 @@ def _version(name: str) -> str | None:
 
 
 def run_checks(report: dict, args, processor, dataset, workdir: Path) -> None:
-    """The correctness checks (checks.py) on a small random model, before any timing; recorded in `report`."""
+    """The correctness checks (checks.py), before any timing, recorded in `report`: first flex against sdpa on the
+    benchmark's own model (LoRA, the smaller image size), then the others on a small random model."""
     import torch
 
     def small_model(spec, processor, device):
@@ -682,12 +688,21 @@ def run_checks(report: dict, args, processor, dataset, workdir: Path) -> None:
         return make_trainer(model, ref_model, args, dataset, processor, workdir, f"check-{layout}", layout,
                             learning_rate=1e-4)
 
-    for name, run in (("fused_head", lambda: fused_head_check(small_model(SMALL_SPEC, processor, args.device),
+    def real_trainer(model, ref_model, layout):
+        return make_trainer(model, ref_model, args, dataset, processor, workdir, f"check-real-{layout}", layout,
+                            lora=True)
+
+    for name, run in (("flex_logps", lambda: flex_logp_check(small_model(MODEL_SPECS[args.model], processor,
+                                                                         args.device), real_trainer,
+                                                             args.device, args.dtype)),
+                      ("fused_head", lambda: fused_head_check(small_model(SMALL_SPEC, processor, args.device),
                                                               args.device, args.dtype)),
                       ("shared_vision", lambda: layout_check(small_model, small_trainer, processor,
                                                              args.device, args.dtype, ("shared", "repeated"))),
                       ("packed", lambda: layout_check(small_model, small_trainer, processor,
-                                                      args.device, args.dtype, ("packed", "shared")))):
+                                                      args.device, args.dtype, ("packed", "shared"))),
+                      ("packed_flex", lambda: layout_check(small_model, small_trainer, processor,
+                                                           args.device, args.dtype, ("packed_flex", "shared")))):
         t0 = time.perf_counter()
         try:
             report["checks"][name] = run()
