@@ -230,7 +230,9 @@ PACKED_ATTENTION_CHOICES = ("auto", "flex", "sdpa")
 
 @functools.lru_cache(maxsize=1)
 def _compiled_flex():
-    return torch.compile(flex_attention, dynamic=False)
+    # torch.compile's defaults: a packed row's length changes every batch, and a second length makes it compile
+    # for dynamic lengths instead of once per length (not run on a GPU yet)
+    return torch.compile(flex_attention)
 
 
 def packed_tree_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -284,7 +286,8 @@ class PackedAttention:
 
     @contextlib.contextmanager
     def only(self, kind: str):
-        """Run every pass on `kind` ("flex" or "sdpa") inside the block, e.g. to compare the two on one batch."""
+        """Run every pass on `kind` ("flex" or "sdpa") inside the block, e.g. to compare the two on one batch (flex:
+        on models packed with `packed_attention: flex`, whose attention is the registered "packed_tree")."""
         self.forced = kind
         try:
             yield self

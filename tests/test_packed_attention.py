@@ -13,7 +13,8 @@ import logging
 
 import pytest
 import torch
-from test_packing import COLLATORS, PACKING, TOL, token_logps, trainer_for
+from test_packing import PACKING, TOL, token_logps, trainer_for
+from test_packing import both_batches as batches
 from test_preference_trainers import make_trainer, perturb
 
 from data_prep.errors import InputError
@@ -32,14 +33,6 @@ class CudaLooking(torch.Tensor):
     @property
     def device(self):
         return torch.device("cuda")
-
-
-def batches(trainer, dataset, kind, n=2):
-    examples = [dict(dataset[i]) for i in range(n)]
-    collator = COLLATORS[kind]
-    unpacked = collator(trainer.processing_class, shared_vision=True)([dict(e) for e in examples])
-    packed = collator(trainer.processing_class, packed=True)([dict(e) for e in examples])
-    return unpacked, packed
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
