@@ -178,3 +178,25 @@ def test_what_ran_goes_into_the_card_and_the_wandb_config(tiny_family_dir, synth
         assert dict(run.config)["packed_attention_ran"] == ran
     finally:
         run.finish()
+
+
+@pytest.mark.parametrize("where", ["recipe", "command line"])
+def test_packed_attention_is_strict(where, monkeypatch, tmp_path):
+    import sys
+
+    from trl import ModelConfig
+
+    from losses.vision_dpo_trainer import VisionDPOConfig
+    from train.common import SpyTuneArguments, parse_recipe
+
+    recipe = tmp_path / "dpo.yaml"
+    recipe.write_text("model_name_or_path: m\ntrain_data_path: d.json\nimage_folder: .\noutput_dir: out\nuse_cpu: true\n"
+                      + ("packed_attention: flash\n" if where == "recipe" else ""))
+    flags = ["--packed_attention", "flash"] if where == "command line" else []
+    monkeypatch.setattr(sys, "argv", ["dpo.py", str(recipe), *flags])
+    with pytest.raises(InputError, match=r"packed_attention.*flash") as err:
+        parse_recipe(SpyTuneArguments, VisionDPOConfig, ModelConfig)
+    assert "\n" not in str(err.value)
+    monkeypatch.setattr(sys, "argv", ["dpo.py", str(recipe), "--packed_attention", "sdpa"])
+    if where == "command line":
+        assert parse_recipe(SpyTuneArguments, VisionDPOConfig, ModelConfig)[1].packed_attention == "sdpa"
