@@ -9,7 +9,7 @@ OUT ?= outputs/demo
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 \
            WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: demo study study-tuned test lint docs vllm-env gpu-wheels clean
+.PHONY: demo study study-tuned test lint docs vllm-env vllm-gpu-resolve gpu-wheels clean
 
 # The exact tested set: pyproject.toml's ranges, resolved to constraints.txt's versions.
 $(STAMP): pyproject.toml constraints.txt
@@ -51,12 +51,33 @@ VLLM_PIP := $(VLLM_VENV)/bin/python -m pip install -q
 VLLM_PROJECT_DEPS := "openai>=3.57.0,<4" "matplotlib>=3.11.2,<4" "tqdm>=4.70.1,<5" "PyYAML>=6.0.4,<7" \
     "geopy>=2.5.0,<3" "krippendorff>=0.9.0,<1" "accelerate==1.15.0"
 VLLM_CPU_SKIP := torch torchvision torchaudio torchcodec
+# The GPU branch's pins, and the machine it is for (a GPU machine's Python and glibc: wheels tagged manylinux_2_17 up
+# to manylinux_2_35, i.e. Ubuntu 22.04 or later).
+VLLM_GPU_PINS := "vllm==0.33.0"
+VLLM_GPU_TAGS := --only-binary=:all: --python-version 3.12 --implementation cp \
+    $(foreach v,35 34 33 32 31 30 29 28 27 26 25 24 23 22 21 20 19 18 17,--platform manylinux_2_$(v)_x86_64) \
+    --platform manylinux2014_x86_64
 
 vllm-env: $(VLLM_VENV)/.installed-$(VLLM_DEVICE)
 
+# CI, on any machine: the GPU branch's exact install resolves against the index (pip's dry run for the GPU
+# machine's tags, nothing installed), and each `==` pin resolves to that version. A pin that does not exist fails
+# here (tests/test_vllm_gpu_resolve.py), not on a user's cluster. About 2 min from PyPI (210 packages' metadata).
+vllm-gpu-resolve:
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(PYTHON) -m pip install -q --dry-run --ignore-installed $(VLLM_GPU_TAGS) --target "$$tmp/target" \
+	    --report "$$tmp/report.json" $(VLLM_GPU_PINS) $(VLLM_PROJECT_DEPS) && \
+	$(PYTHON) -c 'import json, sys; from pip._vendor.packaging.requirements import Requirement; \
+	    got = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.load(open(sys.argv[1]))["install"]}; \
+	    pins = [Requirement(a) for a in sys.argv[2:] if "==" in a]; \
+	    bad = [f"{r.name}: resolved {got.get(r.name.lower())}" for r in pins if got.get(r.name.lower()) not in r.specifier]; \
+	    sys.exit("error: " + "; ".join(bad)) if bad or not pins else \
+	    print(f"GPU vLLM pins resolve: {len(got)} packages for Python 3.12 / manylinux x86_64", \
+	          *(f"{r.name}=={got[r.name.lower()]}" for r in pins))' "$$tmp/report.json" $(VLLM_GPU_PINS) $(VLLM_PROJECT_DEPS)
+
 $(VLLM_VENV)/.installed-gpu:
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_PIP) "vllm==0.33.0" $(VLLM_PROJECT_DEPS)
+	$(VLLM_PIP) $(VLLM_GPU_PINS) $(VLLM_PROJECT_DEPS)
 	$(VLLM_PIP) --no-deps -e .
 	touch $@
 

@@ -8,6 +8,10 @@
 - `pixel_bounds`: the image processor sizes images between `min_pixels` and `max_pixels` (Qwen's dynamic
   resolution). Gemma 3 resizes every image to one fixed square (896 x 896 in the released checkpoints), so
   the bounds are refused rather than ignored.
+- `flex_routes`: where `packed_attention: auto` runs flex_attention for this family, as (device type, pass)
+  pairs, pass "gradient" or "no_gradient": only where that route has run and matched sdpa. None yet: on CPU flex
+  runs eager and unfused (the tests' route, slower than sdpa), and no GPU has run it (benchmarks/gpu/run.sh's
+  first check is the one that may add ("cuda", ...) here).
 
 A model of a family not listed here still loads and trains through the Auto classes, on the plain path, and
 its pixel bounds go to its processor unchanged.
@@ -18,10 +22,10 @@ from __future__ import annotations
 from data_prep.errors import InputError
 
 FAMILIES = {
-    "qwen2_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True},
-    "qwen2_5_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True},
-    "qwen3_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True},
-    "qwen3_vl_moe": {"shared_vision": True, "packing": True, "pixel_bounds": True},
+    "qwen2_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True, "flex_routes": ()},
+    "qwen2_5_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True, "flex_routes": ()},
+    "qwen3_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True, "flex_routes": ()},
+    "qwen3_vl_moe": {"shared_vision": True, "packing": True, "pixel_bounds": True, "flex_routes": ()},
     "gemma3": {"shared_vision": False, "packing": False, "pixel_bounds": False},
 }
 
@@ -32,6 +36,10 @@ def supports_shared_vision(model_type: str) -> bool:
 
 def supports_packing(model_type: str) -> bool:
     return FAMILIES.get(model_type, {}).get("packing", False)
+
+
+def flex_ran_on(model_type: str | None) -> tuple:
+    return FAMILIES.get(model_type, {}).get("flex_routes", ())
 
 
 def model_type_of(model_name_or_path, **hub_kwargs) -> str:

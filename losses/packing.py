@@ -17,19 +17,31 @@ its unpacked sequence, so the log-probabilities, the losses and the gradients ar
   the last token of its prompt, which is in the parent segment), so the backbone returns the hidden states of those
   predecessors only, and TRL's fused head scores exactly the completion tokens. The wrapper then writes the
   per-token values back into the unpacked (rows, length - 1) grid, so TRL's loss code and metrics read them as usual.
-- Attention: on CPU, sdpa with a boolean (1, 1, T, T) mask. On CUDA, flex_attention with a block mask built once per
-  batch from the segment tree (no dense T x T mask). The choice is made on the first packed forward and logged once.
-  The CUDA path has not run on a GPU yet (no GPU was available when it was written).
+- Attention (`packed_attention: auto | flex | sdpa`, `PackedAttention`): sdpa with a boolean (1, 1, T, T) tree mask,
+  or torch's flex_attention with a block mask from the segment tree (no dense T x T mask). transformers' own flex
+  integration refuses the Qwen-VL classes (`_supports_flex_attn` is False), so flex runs through an attention
+  function registered with transformers' `AttentionInterface` ("packed_tree"), which takes our block mask and hands
+  every other mask to sdpa. The choice is made per pass: a pass without gradient (the precomputed reference,
+  log-prob evaluation, a reference or old-policy pass) may run flex on CPU (eager); a gradient pass runs flex on
+  CUDA only (torch has no flex backward on CPU). `auto` runs flex only where it has run for the family
+  (`FLEX_RAN_ON`, data_prep/families.py): nowhere yet, so sdpa. If flex raises on its first forward, `auto` warns
+  once and runs sdpa; `flex` set explicitly stops with one line. The masks are built once per batch and shared by
+  every model given the same `PackedAttention` (policy and reference); what ran is recorded for the card / W&B.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import types
+import warnings
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from data_prep.errors import InputError
+from data_prep.families import flex_ran_on
 from losses.shared_vision import enable_shared_vision, vision_backbone
 
 logger = logging.getLogger(__name__)
@@ -166,9 +178,35 @@ def pack_preference_batch(batch: dict, sequences_per_example: int) -> dict:
     return packed
 
 
+def dense_mask_bytes(tokens: int) -> int:
+    """Peak bytes of the dense tree mask of a packed row of `tokens` tokens: its build (the causal and the ancestor
+    (T, T) booleans and their conjunction) and sdpa's float copy of it (float32 at most)."""
+    return tokens * tokens * (3 + 4)
+
+
+def _free_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def check_dense_mask_fits(tokens: int, device: torch.device) -> None:
+    """Refuse, before building it, a dense mask that would take more than half the free memory of its device."""
+    need, free = dense_mask_bytes(tokens), _free_bytes(device)
+    if need > free // 2:
+        raise InputError("recipe", None, "per_device_train_batch_size", (
+            f"a packed micro-batch of {tokens} tokens needs {need / 2**30:.1f} GiB for its dense tree attention "
+            f"mask, more than half the free {device.type} memory ({free / 2**30:.1f} GiB): lower "
+            "per_device_train_batch_size (the precompute pass: precompute_ref_batch_size; evaluation: "
+            "per_device_eval_batch_size)"))
+
+
 def tree_attention_mask(segments: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
     """(1, 1, T, T) boolean mask, True where query i may attend key j: j <= i and j's segment is on i's path."""
-    positions = torch.arange(segments.numel(), device=segments.device)
+    check_dense_mask_fits(segments.numel(), ancestors.device)
+    positions = torch.arange(segments.numel(), device=ancestors.device)
     causal = positions[None, :] <= positions[:, None]
     return (causal & ancestors[segments[:, None], segments[None, :]])[None, None]
 
@@ -181,7 +219,129 @@ def tree_block_mask(segments: torch.Tensor, ancestors: torch.Tensor):
         return (kv <= q) & ancestors[segments[q], segments[kv]]
 
     n = segments.numel()
-    return create_block_mask(tree, B=None, H=None, Q_LEN=n, KV_LEN=n, device=segments.device)
+    return create_block_mask(tree, B=None, H=None, Q_LEN=n, KV_LEN=n, device=ancestors.device)
+
+
+# ---- the attention ---------------------------------------------------------------------------------------------------
+
+ATTENTION = "packed_tree"  # the name our attention function is registered under (not "flex_attention": refused)
+PACKED_ATTENTION_CHOICES = ("auto", "flex", "sdpa")
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_flex():
+    # torch.compile's defaults: a packed row's length changes every batch, and a second length makes it compile
+    # for dynamic lengths instead of once per length (not run on a GPU yet)
+    return torch.compile(flex_attention)
+
+
+def packed_tree_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-function signature: flex_attention with our block mask, sdpa for any other mask.
+    On CUDA flex is compiled (eager flex materialises the full scores); on CPU it runs eager (compiling takes
+    ~86 s), where torch's warning about the unfused implementation is expected and silenced."""
+    if not isinstance(attention_mask, BlockMask):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
+    if dropout:
+        raise ValueError("the flex route has no attention dropout")
+    gqa = query.shape[1] != key.shape[1]
+    if query.device.type == "cuda":
+        out = _compiled_flex()(query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=gqa)
+    else:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            out = flex_attention(query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=gqa)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@functools.lru_cache(maxsize=1)
+def register_packed_attention() -> None:
+    """Register "packed_tree" with transformers (its unpacked forwards get sdpa's mask and sdpa)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(ATTENTION, packed_tree_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
+class PackedAttention:
+    """Which attention each packed pass runs, the masks of the current batch, and what ran.
+
+    One object per trainer, given to every model it packs (policy, reference; GRPO's old policy): the masks of a
+    batch are built once (keyed by the batch's segment tensor) and shared. `requested` is the recipe's
+    `packed_attention`. `ran` maps "gradient" / "no_gradient" to the attention those passes ran.
+    """
+
+    def __init__(self, requested: str = "auto"):
+        if requested not in PACKED_ATTENTION_CHOICES:
+            raise ValueError(f"packed_attention must be one of {', '.join(PACKED_ATTENTION_CHOICES)}, got {requested!r}")
+        self.requested = requested
+        self.ran: dict[str, str] = {}
+        self.fallback: str | None = None  # why flex was given up, when it was
+        self.flex_proven = False
+        self.forced: str | None = None  # `only`: every pass on one kernel (side-by-side checks)
+        self._key, self._masks = None, {}
+
+    @contextlib.contextmanager
+    def only(self, kind: str):
+        """Run every pass on `kind` ("flex" or "sdpa") inside the block, e.g. to compare the two on one batch (flex:
+        on models packed with `packed_attention: flex`, whose attention is the registered "packed_tree")."""
+        self.forced = kind
+        try:
+            yield self
+        finally:
+            self.forced = None
+
+    def may_use_flex(self, model_type: str | None) -> bool:
+        return self.requested == "flex" or (self.requested == "auto" and bool(flex_ran_on(model_type)))
+
+    def choose(self, model_type: str | None, device_type: str, gradient: bool) -> str:
+        """"flex" or "sdpa" for one pass."""
+        if self.forced is not None:
+            return self.forced
+        if self.fallback is not None or self.requested == "sdpa":
+            return "sdpa"
+        if self.requested == "auto":
+            return "flex" if (device_type, "gradient" if gradient else "no_gradient") in flex_ran_on(model_type) else "sdpa"
+        return "sdpa" if device_type == "cpu" and gradient else "flex"  # torch has no flex backward on CPU
+
+    def mask(self, kind: str, segments: torch.Tensor, ancestors: torch.Tensor):
+        if self._key is not segments:
+            self._key, self._masks = segments, {}
+        if kind not in self._masks:
+            self._masks[kind] = (tree_block_mask if kind == "flex" else tree_attention_mask)(segments, ancestors)
+        return self._masks[kind]
+
+    def flex_failed(self, err: Exception) -> None:
+        reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}".rstrip(": ")
+        if self.requested == "flex":
+            raise InputError("recipe", None, "packed_attention", f"flex failed on the first packed forward ({reason}); "
+                             "packed_attention: auto or sdpa runs sdpa with the boolean tree mask") from None
+        self.fallback = reason
+        logger.warning("packed_attention: flex_attention failed on the first packed forward (%s); "
+                       "continuing on sdpa with the boolean tree mask", reason)
+
+    def record(self, gradient: bool, kind: str) -> None:
+        name = "gradient" if gradient else "no_gradient"
+        label = {"flex": "flex_attention (block mask)", "sdpa": "sdpa (boolean tree mask)"}[kind]
+        if self.ran.get(name) != label:
+            self.ran[name] = label
+            logger.info("packed attention, %s passes: %s", name.replace("_", "-"), label)
+
+    def summary(self) -> dict:
+        """What ran, for the card and the W&B config."""
+        return {"requested": self.requested, **self.ran, **({"flex_failed": self.fallback} if self.fallback else {})}
+
+
+DEFAULT_ATTENTION = PackedAttention()  # for callers that pass none (SFT padding-free): sdpa
+
+
+def attention_ran(model) -> dict | None:
+    """What a packed model's passes ran (PackedAttention.summary), None if it never ran packed."""
+    state = getattr(_top(model), "_packed_attention", None)
+    return state.summary() if state is not None and state.ran else None
 
 
 # ---- the model side -------------------------------------------------------------------------------------------------
@@ -200,32 +360,6 @@ class PackedTreeMixin:
         return outputs
 
 
-@functools.lru_cache(maxsize=1)
-def _log_attention_choice(choice: str) -> None:
-    logger.info("packed attention: %s", choice)
-
-
-class _MaskCache:
-    """One mask per batch, shared by the policy and the reference forward (keyed by the segment tensor itself)."""
-    key, value = None, None
-
-
-def _attention_mask(model, text_config, segments: torch.Tensor, ancestors: torch.Tensor):
-    if _MaskCache.key is segments:
-        return _MaskCache.value
-    if segments.device.type == "cuda":
-        if text_config._attn_implementation != "flex_attention":
-            model.set_attn_implementation({"text_config": "flex_attention"})
-        _log_attention_choice("flex_attention with a block mask from the segment tree (CUDA)")
-        mask = tree_block_mask(segments, ancestors)
-    else:
-        _log_attention_choice(f"{text_config._attn_implementation} with a boolean tree mask "
-                              f"({segments.device.type})")
-        mask = tree_attention_mask(segments, ancestors)
-    _MaskCache.key, _MaskCache.value = segments, mask
-    return mask
-
-
 def packed_positions(backbone, batch: dict) -> torch.Tensor:
     """(3, 1, T) positions: the model's rope index of the unpacked rows, gathered onto the packed tokens."""
     positions, _ = backbone.get_rope_index(input_ids=batch["input_ids"], mm_token_type_ids=batch["mm_token_type_ids"],
@@ -234,22 +368,33 @@ def packed_positions(backbone, batch: dict) -> torch.Tensor:
     return positions.flatten(1)[:, batch["packed_source"]][:, None]
 
 
-def enable_packing(model) -> None:
+def _top(model):
+    top = getattr(model, "module", model)  # DDP / DeepSpeed engine (TRL prepares a ZeRO-3 reference at once)
+    return top.get_base_model() if hasattr(top, "get_base_model") else top
+
+
+def enable_packing(model, attention: PackedAttention | None = None) -> None:
     """Let `model` (a TRL-fused-head model: call after `add_fused_lm_head`) take tree-packed batches.
 
     The wrapped forward recognises a packed batch by its keys, runs the backbone on the packed row and writes the
     per-token outputs of the completion tokens back into the unpacked (rows, length - 1) layout that TRL expects.
+    `attention` (one per trainer, shared by its models) chooses sdpa or flex per pass; a pass run under
+    `torch.no_grad()` counts as a no-gradient pass.
     """
     enable_shared_vision(model)
     backbone = vision_backbone(model)
     if not isinstance(backbone, PackedTreeMixin):
         backbone.__class__ = type(f"{type(backbone).__name__}Packed", (PackedTreeMixin, type(backbone)), {})
-    top = getattr(model, "module", model)  # DDP / DeepSpeed engine (TRL prepares a ZeRO-3 reference at once)
-    top = top.get_base_model() if hasattr(top, "get_base_model") else top
+    top = _top(model)
     if getattr(top.forward, "_packed", False):
         return
+    attention = attention or DEFAULT_ATTENTION
+    top._packed_attention = attention
+    model_type = getattr(top.config, "model_type", None)
+    if attention.may_use_flex(model_type):
+        register_packed_attention()
+        top.set_attn_implementation({"text_config": ATTENTION})
     fused_forward = top.forward
-    text_config = top.config.get_text_config()
 
     def packed_forward(self, *args, **kwargs):
         if "packed_input_ids" not in kwargs:
@@ -259,12 +404,28 @@ def enable_packing(model) -> None:
         rows, length = batch["input_ids"].shape
         source = batch["packed_logp_source"]
         labels = batch["input_ids"].flatten()[source]
-        outputs = fused_forward(
-            input_ids=batch["packed_input_ids"], mm_token_type_ids=batch["packed_mm_token_type_ids"],
-            position_ids=packed_positions(vision_backbone(self), batch),
-            tree_mask=_attention_mask(top, text_config, batch["packed_segments"], batch["packed_ancestors"]),
-            attention_mask=batch["packed_multiplicity"],
-            gather_index=batch["packed_logp_index"], shift_labels=labels[None], **kwargs)
+        segments, ancestors = batch["packed_segments"], batch["packed_ancestors"]
+        gradient = torch.is_grad_enabled()
+        kind = attention.choose(model_type, segments.device.type, gradient)
+
+        def run(kind):
+            return fused_forward(
+                input_ids=batch["packed_input_ids"], mm_token_type_ids=batch["packed_mm_token_type_ids"],
+                position_ids=packed_positions(vision_backbone(self), batch),
+                tree_mask=attention.mask(kind, segments, ancestors), attention_mask=batch["packed_multiplicity"],
+                gather_index=batch["packed_logp_index"], shift_labels=labels[None], **kwargs)
+
+        if kind == "flex" and not attention.flex_proven:
+            try:
+                outputs = run(kind)
+                attention.flex_proven = True
+            except Exception as err:  # the first flex forward: compile error, dtype, head size, old torch, ...
+                attention.flex_failed(err)  # explicit flex: InputError
+                kind = "sdpa"
+                outputs = run(kind)
+        else:
+            outputs = run(kind)
+        attention.record(gradient, kind)
         target = source - source // length - 1  # (r, c) -> r * (length - 1) + c - 1: where TRL's shift puts it
         for name in ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1"):
             value = getattr(outputs, name, None)

@@ -12,7 +12,8 @@ only what TRL does not support for vision datasets:
   dropped from the trainer and from the accelerator's model list, so that its memory really goes back.
 - `packed` (default on): each example's shared prompt goes through the language model once, all examples of a
   micro-batch in one padding-free row (losses/packing.py); it encodes each image once, as `shared_vision` does.
-  Families that cannot pack train unpacked, with one warning.
+  Families that cannot pack train unpacked, with one warning. `packed_attention` (auto / flex / sdpa) chooses the
+  packed row's attention (losses/packing.py: `PackedAttention`), one object shared by the policy and the reference.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from trl.trainer.utils import use_adapter
 from data_prep.families import supports_packing, supports_shared_vision
 from losses.checkpointing import HubFormatResumeMixin
 from losses.fingerprint import weights_fingerprint
-from losses.packing import enable_packing, pack_preference_batch
+from losses.packing import PACKED_ATTENTION_CHOICES, PackedAttention, enable_packing, pack_preference_batch
 from losses.shared_vision import enable_shared_vision, share_images
 
 logger = logging.get_logger(__name__)
@@ -59,6 +60,20 @@ class VisionDPOConfig(DPOConfig):
         metadata={"help": "Tree-pack each micro-batch into one padding-free row: every example's shared prompt "
                           "through the language model once (losses/packing.py)."},
     )
+    packed_attention: str = field(
+        default="auto",
+        metadata={"help": "The packed row's attention: `sdpa` (a boolean tree mask), `flex` (flex_attention with a "
+                          "block mask; on CPU for passes without gradient only; fails the run if flex fails) or "
+                          "`auto` (flex only where it has run for the family, data_prep/families.py; else sdpa; "
+                          "if flex fails, one warning and sdpa).",
+                  "choices": list(PACKED_ATTENTION_CHOICES)},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.packed_attention not in PACKED_ATTENTION_CHOICES:
+            raise ValueError(f"packed_attention must be one of {', '.join(PACKED_ATTENTION_CHOICES)}, "
+                             f"got {self.packed_attention!r}")
 
 
 @dataclass
@@ -123,9 +138,10 @@ class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
                            "training on the plain path (every sequence encodes its image)")
         if unpacked and self.is_world_process_zero():
             logger.warning(f"packed: {model_type} cannot take tree-packed batches; training unpacked")
+        self.packed_attention = PackedAttention(args.packed_attention)  # the masks shared by policy and reference
         for m in (self.model, self.ref_model):
             if m is not None and args.packed:
-                enable_packing(m)  # after TRL's fused head, which it wraps
+                enable_packing(m, self.packed_attention)  # after TRL's fused head, which it wraps
             elif m is not None and args.shared_vision:
                 enable_shared_vision(m)
         if precompute:

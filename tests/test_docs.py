@@ -132,7 +132,7 @@ def test_recipe_keys_page_lists_every_field_the_project_defines(hook):
     from train.common import SpyTuneArguments
 
     page = hook.on_page_markdown((DOCS / "reference" / "recipe-keys.md").read_text(), None, None, None)
-    for name in [f.name for f in fields(SpyTuneArguments)] + ["shared_vision", "beta"]:
+    for name in [f.name for f in fields(SpyTuneArguments)] + ["shared_vision", "packed_attention", "beta"]:
         assert f"| `{name}` |" in page, name
     assert all(cls.__name__ in page for cls in (SpyTuneArguments, VisionDPOConfig, NCAPConfig))
 

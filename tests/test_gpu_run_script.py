@@ -57,16 +57,21 @@ def test_run_sh_dry_run_from_a_copy_without_the_project_installed(tmp_path):
     assert re.search(rf"data_prep\s+\S*\s*{re.escape(str(checkout))}", result.stdout), result.stdout[:2000]
 
     report = json.loads((out / "nca_p_throughput_tiny_dry_run.json").read_text())
-    assert set(report["checks"]) == {"fused_head", "shared_vision", "packed"}
+    # flex against sdpa on the benchmark's own model first, then the small model's checks
+    assert list(report["checks"]) == ["flex_logps", "fused_head", "shared_vision", "packed", "packed_flex"]
+    flex = report["checks"]["flex_logps"]
+    assert flex["scored"] > 0 and flex["logprob_max_abs_diff"] <= flex["tolerance"] == 1e-4  # float32 in the dry run
+    assert flex["attention_ran"]["no_gradient"] == "flex_attention (block mask)"
     assert all(check["ok"] for check in report["checks"].values()), report["checks"]
     assert report["checks"]["shared_vision"]["weights_moved"]
     assert report["peak_tflops"]["measured"] > 0
     results = report["results"]
     assert results and all(r["status"] == "ok" for r in results), [r["status"] for r in results]
-    # the most informative configurations first: at the first size, LoRA and full packed, then shared, then repeated
-    assert [(r["finetune"], r["layout"]) for r in results[:6]] == [
-        ("lora", "packed"), ("full", "packed"), ("lora", "shared"), ("full", "shared"), ("lora", "repeated"),
-        ("full", "repeated")]
+    # the most informative configurations first: at the first size, LoRA and full packed with flex, then packed with
+    # sdpa, then shared, then repeated
+    assert [(r["finetune"], r["layout"]) for r in results[:8]] == [
+        ("lora", "packed_flex"), ("full", "packed_flex"), ("lora", "packed"), ("full", "packed"), ("lora", "shared"),
+        ("full", "shared"), ("lora", "repeated"), ("full", "repeated")]
     for r in results:
         assert r["model_tflop_per_step"] <= r["executed_tflop_per_step"]
         assert r["mfu_measured_peak"] > r["mfu"] > 0  # the CPU's measured peak is far below the H200 datasheet

@@ -25,7 +25,7 @@ DEFAULT_LICENSE = "apache-2.0"
 # What a reader needs to redo the run, instead of every training argument.
 RECIPE_KEYS = ("beta", "loss_type", "learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
                "gradient_accumulation_steps", "lr_scheduler_type", "warmup_ratio", "max_length", "seed", "bf16",
-               "gradient_checkpointing", "shared_vision", "packed", "precompute_ref_log_probs")
+               "gradient_checkpointing", "shared_vision", "packed", "packed_attention", "precompute_ref_log_probs")
 MODEL_KEYS = ("dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
               "lora_target_modules", "load_in_4bit", "load_in_8bit")
 SCRIPT_KEYS = ("train_data_path", "image_folder", "eval_data_path", "categories", "add_distractors",
@@ -128,10 +128,11 @@ or from this repository: `python -m train.chat --model {model_id} --image photo.
 
 def build_card(output_dir, method: str, base_model: str, script_args, training_args, model_args,
                log_history: list[dict] | None = None, eval_results: list | None = None, model_type: str | None = None,
-               model_id: str | None = None):
+               model_id: str | None = None, packed_attention_ran: dict | None = None):
     """A ModelCard for the folder `output_dir` (a full model, or a LoRA adapter when it holds adapter_config.json).
 
-    `eval_results` is a list of huggingface_hub EvalResult (the card's model-index)."""
+    `eval_results` is a list of huggingface_hub EvalResult (the card's model-index); `packed_attention_ran` what
+    the packed passes ran (losses.packing.attention_ran)."""
     from huggingface_hub import ModelCard, ModelCardData
 
     output_dir = Path(output_dir)
@@ -152,6 +153,8 @@ def build_card(output_dir, method: str, base_model: str, script_args, training_a
         license=_base_card_license(base_model) or DEFAULT_LICENSE, eval_results=eval_results or None,
     )
     recipe = {**recipe_values(script_args, training_args, model_args), "method": method}
+    if packed_attention_ran:
+        recipe["packed_attention_ran"] = packed_attention_ran
     base_text = f"[`{base_id}`](https://huggingface.co/{base_id})" if base_id else f"`{base_reference(base_model)}`"
     metrics = reward_metrics(log_history or [])
     sections = [
@@ -224,11 +227,19 @@ class CardCallback(TrainerCallback):
                                                                              model_args)
         self.publish = publish  # push_to_hub as the recipe said, before `attach` turned the Trainer's pushes off
 
-    def write(self, folder, state) -> None:
+    def write(self, folder, state, model=None) -> None:
         base = self.model_args.model_name_or_path
         fix_adapter_base(folder, base)
         save_card(build_card(folder, self.method, base, self.script_args, self.training_args, self.model_args,
-                             state.log_history), folder)
+                             state.log_history, packed_attention_ran=packed_attention_ran(model)), folder)
+
+    def record_attention(self, state, model) -> None:
+        """What the packed passes ran, into the W&B config once it is known (the first packed forward)."""
+        wandb = sys.modules.get("wandb")
+        ran = packed_attention_ran(model)
+        if state.is_world_process_zero and wandb is not None and wandb.run is not None and ran:
+            if wandb.run.config.get("packed_attention_ran") != ran:
+                wandb.run.config.update({"packed_attention_ran": ran}, allow_val_change=True)
 
     def on_train_begin(self, args, state, control, **kwargs):
         wandb = sys.modules.get("wandb")  # imported by the Trainer's WandbCallback when it reports there
@@ -244,10 +255,14 @@ class CardCallback(TrainerCallback):
 
                 wandb.run.config.update(redact_obj(json.loads(json.dumps(config, default=str))), allow_val_change=True)
                 wandb.run.tags = tuple(sorted({*(wandb.run.tags or ()), self.method}))
+        self.record_attention(state, kwargs.get("model"))  # the precomputed reference pass has run packed
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.record_attention(state, kwargs.get("model"))
 
     def on_push_begin(self, args, state, control, **kwargs):
         # hub_strategy checkpoint: the Trainer uploads output_dir and the new checkpoint next; both carry our card
-        self.on_save(args, state, control)
+        self.on_save(args, state, control, **kwargs)
 
     def on_save(self, args, state, control, **kwargs):
         # TRL wrote its card into output_dir before saving the checkpoint; ours replaces it in both
@@ -255,7 +270,7 @@ class CardCallback(TrainerCallback):
             checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             for folder in (args.output_dir, checkpoint):
                 if Path(folder).is_dir():
-                    self.write(folder, state)
+                    self.write(folder, state, kwargs.get("model"))
 
 
 def attach(trainer, method: str, script_args, training_args, model_args) -> None:
@@ -284,7 +299,8 @@ def finish(trainer, method: str, script_args, training_args, model_args) -> None
     base = model_args.model_name_or_path
     fix_adapter_base(training_args.output_dir, base)
     save_card(build_card(training_args.output_dir, method, base, script_args, training_args, model_args,
-                         trainer.state.log_history), training_args.output_dir)
+                         trainer.state.log_history, packed_attention_ran=packed_attention_ran(trainer.model)),
+              training_args.output_dir)
     from data_prep.runs import write_json
 
     write_json(Path(training_args.output_dir) / "train_metrics.json", trainer.state.log_history)
@@ -292,6 +308,14 @@ def finish(trainer, method: str, script_args, training_args, model_args) -> None
           f"(main process of {trainer.accelerator.num_processes})", flush=True)
     if publish_wanted:
         publish(training_args.output_dir, training_args.hub_model_id, training_args.hub_private_repo)
+
+
+def packed_attention_ran(model) -> dict | None:
+    if model is None:
+        return None
+    from losses.packing import attention_ran
+
+    return attention_ran(model)
 
 
 def add_card_evaluation(output_dir, title: str, metrics: dict) -> None:

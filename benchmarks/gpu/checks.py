@@ -5,7 +5,11 @@ the right thing on that device, and the peak its MFU is measured against.
   head) against an explicit float32 log-softmax of the same hidden states, for the log-probabilities and the
   head's weight gradient.
 - `layout_check`: a few NCA-P steps of a small random Qwen2-VL in two batch layouts (shared vision on and off;
-  packed and shared), from the same weights on the same batch: the losses agree within the stated tolerance.
+  packed (sdpa or flex) and shared), from the same weights on the same batch: the losses agree within the stated
+  tolerance. `packed_flex` against `shared` is the flex backward's first run on a GPU.
+- `flex_logp_check` (first, on the benchmark's own model: 7B): per-token log-probabilities of one packed batch
+  without gradient, flex_attention with the tree's block mask (our registered attention function) against sdpa
+  with the boolean tree mask: the same weights, the same batch.
 - `matmul_peak`: the dense matrix-product rate the device reaches on one of the model's own shapes.
 """
 
@@ -19,8 +23,9 @@ SMALL_SPEC = {"text": {"hidden_size": 256, "num_hidden_layers": 4, "num_attentio
                        "intermediate_size": 512, "vocab_size": 4096}, "tie_word_embeddings": False,
               "vision": {"depth": 4, "embed_dim": 128, "num_heads": 4, "mlp_ratio": 2}}
 # |loss(shared) - loss(repeated)| allowed per step; log-prob and gradient tolerances of the fused head
-TOLERANCES = {"bf16": {"loss_abs": 2e-2, "logprob_abs": 1e-2, "grad_rel": 2e-2},
-              "fp32": {"loss_abs": 1e-4, "logprob_abs": 1e-4, "grad_rel": 1e-4}}
+# attention_logprob_abs: two attention kernels through every layer of the model (bf16 rounds them differently)
+TOLERANCES = {"bf16": {"loss_abs": 2e-2, "logprob_abs": 1e-2, "grad_rel": 2e-2, "attention_logprob_abs": 5e-2},
+              "fp32": {"loss_abs": 1e-4, "logprob_abs": 1e-4, "grad_rel": 1e-4, "attention_logprob_abs": 1e-4}}
 
 
 def _timer(device: str):
@@ -88,8 +93,10 @@ def fused_head_check(model, device: str, dtype_name: str, batch: int = 4, length
 
 def layout_check(build_model, make_trainer, processor, device: str, dtype_name: str,
                  layouts=("shared", "repeated"), steps: int = 3) -> dict:
-    """NCA-P steps (full fine-tuning, live reference) in two batch layouts (packed / shared / repeated), from the
-    same weights: the losses agree. On CUDA, packed runs flex_attention with the tree's block mask."""
+    """NCA-P steps (full fine-tuning, live reference) in two batch layouts (packed_flex / packed / shared /
+    repeated), from the same weights: the losses agree. packed: sdpa with the boolean tree mask; packed_flex:
+    flex_attention with the block mask (on CPU only for the passes without gradient: torch has no flex backward
+    there)."""
     import torch
     from train_step import train_step
 
@@ -106,3 +113,31 @@ def layout_check(build_model, make_trainer, processor, device: str, dtype_name: 
     return {"steps": steps, "losses": losses, "max_abs_diff": max(diffs), "tolerance": tol["loss_abs"],
             "weights_moved": len(set(round(v, 6) for v in losses[layouts[0]])) > 1,
             "ok": max(diffs) <= tol["loss_abs"]}
+
+
+def flex_logp_check(model, make_trainer, device: str, dtype_name: str) -> dict:
+    """One packed batch through `model` (LoRA, so no reference copy) without gradient, twice: every pass on flex,
+    then on sdpa (`PackedAttention.only`); the per-token completion log-probabilities agree."""
+    import torch
+
+    trainer, stepped, batch = make_trainer(model, None, "packed_flex")
+    inputs = trainer._prepare_inputs(dict(batch))
+    labels = inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)
+    kwargs = {k: v for k, v in inputs.items() if k not in ("completion_mask", "ref_logps", "ref_chosen_logps",
+                                                            "ref_rejected_logps")}
+    timer, logps, outputs = _timer(device), {}, []
+    with torch.no_grad():
+        for kind in ("flex", "sdpa", "flex"):  # flex twice: the second call after compilation, for its time
+            with trainer.packed_attention.only(kind):
+                seconds = timer(lambda: outputs.append(stepped(**kwargs, labels=labels, fused_lm_head=True,
+                                                               use_cache=False)))
+            logps[kind] = outputs[-1].log_probs.float()
+            logps[f"{kind}_seconds"] = seconds
+    mask = outputs[-1].label_mask
+    diff = (logps["flex"] - logps["sdpa"])[mask].abs()
+    tol = TOLERANCES[dtype_name]["attention_logprob_abs"]
+    return {"tokens": int(inputs["packed_input_ids"].size(1)), "scored": int(mask.sum()),
+            "logprob_max_abs_diff": diff.max().item(), "logprob_mean_abs_diff": diff.mean().item(),
+            "mean_logprob": logps["sdpa"][mask].mean().item(), "tolerance": tol,
+            "flex_s": logps["flex_seconds"], "sdpa_s": logps["sdpa_seconds"],
+            "attention_ran": trainer.packed_attention.summary(), "ok": diff.max().item() <= tol}

@@ -57,7 +57,7 @@ _HERE = Path(__file__).resolve().parent
 for _path in (_HERE, _HERE.parent, _HERE.parents[1]):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
-from checks import SMALL_SPEC, fused_head_check, layout_check, matmul_peak  # noqa: E402
+from checks import SMALL_SPEC, flex_logp_check, fused_head_check, layout_check, matmul_peak  # noqa: E402
 from train_step import prepare_like_train, train_step  # noqa: E402
 
 # Qwen2-VL's published configurations (config.json of Qwen/Qwen2-VL-{7B,72B,2B}-Instruct); "tiny" is for --dry-run.
@@ -162,8 +162,9 @@ def parse_size(text: str) -> tuple[int, int]:
 # ---- one configuration ---------------------------------------------------------------------------------------------
 
 def step_flops(batch, counts: dict, spec: dict, finetune: str, live_reference: bool, checkpointing: bool,
-               lora_params: int = 0) -> dict:
-    """Model and executed FLOPs of one NCA-P step on `batch` (see the module docstring)."""
+               lora_params: int = 0, sequences_per_example: int = 4) -> dict:
+    """Model and executed FLOPs of one NCA-P (or DPO: 2 sequences per example) step on `batch` (see the module
+    docstring)."""
     text, vision = spec["text"], spec["vision"]
     completion = int(batch["completion_mask"].sum())
     if "packed_input_ids" in batch:
@@ -176,7 +177,7 @@ def step_flops(batch, counts: dict, spec: dict, finetune: str, live_reference: b
     head = 2 * counts["lm_head"] * completion
     grid = batch["image_grid_thw"]
     shared = "image_index" in batch
-    unique = grid if shared else grid[: grid.size(0) // 4]  # repeated: an example's 4 sequences show one image
+    unique = grid if shared else grid[: grid.size(0) // sequences_per_example]  # repeated: one image per example
     copies = 1 if shared else grid.size(0) // unique.size(0)  # encodes of each image per model
     image = 0.0
     for patches in unique.prod(dim=-1).tolist():
@@ -312,27 +313,34 @@ def estimate(args) -> int:
 
 
 def make_trainer(model, ref_model, args, dataset, processor, workdir: Path, name: str, layout: str,
-                 precompute: bool = False, lora: bool = False, learning_rate: float = 1e-7):
-    """The project's NCAPTrainer as a training run builds it, prepared as `Trainer.train()` prepares it; returns the
-    trainer, the model to step and one collated batch."""
+                 precompute: bool = False, lora: bool = False, learning_rate: float = 1e-7, method: str = "nca_p"):
+    """The project's NCAPTrainer (or, `method` dpo, VisionDPOTrainer with TRL's sigmoid loss) as a training run
+    builds it, prepared as `Trainer.train()` prepares it; returns the trainer, the model to step and one collated
+    batch."""
     from peft import LoraConfig
 
     from losses.nca_p_trainer import NCAPConfig, NCAPTrainer
+    from losses.vision_dpo_trainer import VisionDPOConfig, VisionDPOTrainer
 
     cuda = args.device.startswith("cuda")
-    training_args = NCAPConfig(
+    config_class, trainer_class, method_args = ((NCAPConfig, NCAPTrainer, {}) if method == "nca_p" else
+                                                (VisionDPOConfig, VisionDPOTrainer,
+                                                 {"loss_type": ["sigmoid"], "beta": 0.1}))
+    training_args = config_class(**method_args,
         output_dir=str(workdir / "out" / name), use_cpu=not cuda, bf16=args.dtype == "bf16",
         report_to="none", max_length=None, per_device_train_batch_size=args.batch_size,
         activation_checkpointing=args.activation_checkpointing,
         activation_checkpointing_kwargs={"use_reentrant": False} if args.activation_checkpointing else None,
-        shared_vision=layout != "repeated", packed=layout == "packed", precompute_ref_log_probs=precompute, disable_tqdm=True, learning_rate=learning_rate,
+        shared_vision=layout != "repeated", packed=layout.startswith("packed"),
+        packed_attention="flex" if layout == "packed_flex" else "sdpa",
+        precompute_ref_log_probs=precompute, disable_tqdm=True, learning_rate=learning_rate,
     )
     peft_config = None
     if lora:
         peft_config = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0,
                                  target_modules=args.lora_targets.split(","))
-    trainer = NCAPTrainer(model=model, ref_model=ref_model, args=training_args, train_dataset=dataset,
-                          processing_class=processor, peft_config=peft_config)
+    trainer = trainer_class(model=model, ref_model=ref_model, args=training_args, train_dataset=dataset,
+                            processing_class=processor, peft_config=peft_config)
     stepped = prepare_like_train(trainer)
     batch = trainer.data_collator([dict(trainer.train_dataset[i]) for i in range(args.batch_size)])
     return trainer, stepped, batch
@@ -363,7 +371,7 @@ def run_config(cfg: dict, args, processor, dataset, workdir: Path, state: dict, 
     t0 = time.perf_counter()
     trainer, stepped, batch = make_trainer(model, ref_model, args, dataset, processor, workdir, cfg["name"],
                                            cfg["layout"], cfg["reference"] == "precomputed",
-                                           cfg["finetune"] == "lora")
+                                           cfg["finetune"] == "lora", method=cfg["method"])
     state["trainer"] = trainer
     state.pop("ref_model", None)
     del model, ref_model
@@ -386,7 +394,7 @@ def run_config(cfg: dict, args, processor, dataset, workdir: Path, state: dict, 
         torch.cuda.reset_peak_memory_stats()
 
     flops = step_flops(batch, counts, spec, cfg["finetune"], cfg["reference"] == "live",
-                       args.activation_checkpointing, lora_params)
+                       args.activation_checkpointing, lora_params, trainer.collator_class.sequences_per_example)
     result.update({"sequences": int(batch["input_ids"].size(0)), "padded_length": int(batch["input_ids"].size(1)),
                    "tokens_per_step": flops["tokens"], "completion_tokens_per_step": flops["completion_tokens"],
                    "model_tflop_per_step": flops["flops"] / 1e12,
@@ -445,13 +453,14 @@ def configurations(args) -> list[dict]:
     out = []
     for size in args.sizes:
         for reference in args.references:
-            for layout in args.layouts:
-                for finetune in args.finetune:
-                    if reference == "precomputed" and layout == "repeated" and len(args.layouts) > 1:
-                        continue  # precompute is measured with the faster layouts only
-                    out.append({"name": f"{size}/{finetune}/{layout}/{reference}", "image_size": size,
-                                "finetune": finetune, "layout": layout, "shared_vision": layout != "repeated",
-                                "reference": reference})
+            for method in args.methods:
+                for layout in args.layouts:
+                    for finetune in args.finetune:
+                        if reference == "precomputed" and layout == "repeated" and len(args.layouts) > 1:
+                            continue  # precompute is measured with the faster layouts only
+                        out.append({"name": f"{size}/{method}/{finetune}/{layout}/{reference}", "image_size": size,
+                                    "method": method, "finetune": finetune, "layout": layout,
+                                    "shared_vision": layout != "repeated", "reference": reference})
     return out
 
 
@@ -470,19 +479,20 @@ def markdown_table(report: dict, args) -> str:
         lines.append(f"- check `{name}`: **{'ok' if check.get('ok') else 'FAILED'}** {json.dumps(detail)}")
     if checks:
         lines.append("")
-    lines += ["| image | finetune | layout | reference | status | step s | tokens/s | model TFLOP/s | MFU (datasheet) "
+    lines += ["| image | method | finetune | layout | reference | status | step s | tokens/s | model TFLOP/s | MFU (datasheet) "
               "| MFU (measured) | HFU (measured) | peak GB | GB after set-up |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         def fmt(key, spec, r=r):
             return format(r[key], spec) if r.get(key) is not None else "-"
-        lines.append(f"| {r['image_size']} | {r['finetune']} | {r['layout']} | "
+        lines.append(f"| {r['image_size']} | {r.get('method', 'nca_p')} | {r['finetune']} | {r['layout']} | "
                      f"{r['reference']} | {r['status'][:60]} | {fmt('step_s', '.3f')} | {fmt('tokens_per_s', '.0f')} | "
                      f"{fmt('tflops', '.1f')} | {fmt('mfu', '.1%')} | {fmt('mfu_measured_peak', '.1%')} | "
                      f"{fmt('hfu_measured_peak', '.1%')} | {fmt('peak_gb', '.1f')} | "
                      f"{fmt('allocated_after_setup_gb', '.1f')} |")
     for title, slow, fast in (("Shared vision encoding, step-time ratio repeated / shared:", "repeated", "shared"),
-                              ("Tree packing, step-time ratio shared / packed:", "shared", "packed")):
+                              ("Tree packing, step-time ratio shared / packed:", "shared", "packed"),
+                              ("Packed attention, step-time ratio sdpa / flex:", "packed", "packed_flex")):
         speedups = layout_speedups(report["results"], slow, fast)
         if speedups:
             lines += ["", title] + [f"- {k}: **{v:.2f}x**" for k, v in speedups.items()]
@@ -519,10 +529,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-pixels", type=int, help=f"image processor bound (default {SPY_MIN_PIXELS})")
     parser.add_argument("--max-pixels", type=int, help=f"image processor bound (default {SPY_MAX_PIXELS})")
     parser.add_argument("--finetune", default="lora,full", help="comma-separated: lora, full")
-    parser.add_argument("--layout", default="packed,shared,repeated",
-                        help="batch layouts, comma-separated: packed (tree-packed), shared (each image encoded once), "
-                             "repeated (TRL's)")
+    parser.add_argument("--layout", default="packed_flex,packed,shared,repeated",
+                        help="batch layouts, comma-separated: packed_flex (tree-packed, flex_attention with the "
+                             "block mask), packed (tree-packed, sdpa with the boolean tree mask), shared (each image "
+                             "encoded once), repeated (TRL's)")
     parser.add_argument("--reference", default="live,precomputed", help="live, precomputed or both")
+    parser.add_argument("--methods", default="nca_p,dpo", help="comma-separated: nca_p, dpo (TRL's sigmoid loss)")
     parser.add_argument("--batch-size", type=int, default=2, help="NCA-P examples per step (4 sequences each)")
     parser.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True,
                         help="as the recipes (default on)")
@@ -552,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         args.model, args.device, args.dtype = "tiny", "cpu", "fp32"
         args.batch_size, args.warmup, args.steps = 1, 1, 1
-        defaults = ("168x140,112x112", 56 * 56, 224 * 224)
+        defaults = ("168x140", 56 * 56, 224 * 224)  # one size: both methods, every layout, in a test's time
     args.sizes = args.sizes or defaults[0]
     args.min_pixels = args.min_pixels or defaults[1]
     args.max_pixels = args.max_pixels or defaults[2]
@@ -560,9 +572,12 @@ def main(argv: list[str] | None = None) -> int:
     args.finetune = [f for f in args.finetune.split(",") if f]
     args.layouts = [s for s in args.layout.split(",") if s]
     args.references = [r for r in args.reference.split(",") if r]
-    if (set(args.finetune) - {"lora", "full"} or set(args.layouts) - {"packed", "shared", "repeated"}
+    args.methods = [m for m in args.methods.split(",") if m]
+    if not args.methods or set(args.methods) - {"nca_p", "dpo"}:
+        parser.error("--methods takes nca_p and/or dpo")
+    if (set(args.finetune) - {"lora", "full"} or set(args.layouts) - {"packed_flex", "packed", "shared", "repeated"}
             or set(args.references) - {"live", "precomputed"}):
-        parser.error("--finetune takes lora/full, --layout packed/shared/repeated, --reference live/precomputed")
+        parser.error("--finetune takes lora/full, --layout packed_flex/packed/shared/repeated, --reference live/precomputed")
     if args.estimate:
         return estimate(args)
     out_dir = Path(args.out or os.environ.get("OUT") or Path(__file__).resolve().parents[1] / "results")
@@ -614,13 +629,13 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         processor = build_processor(workdir, args.min_pixels, args.max_pixels)
         data_dir = build(workdir / "data", train_per_label=1, test_per_label=1, image_size=64)
+        images = {size: make_images(data_dir, workdir / f"images-{size}", parse_size(size)) for size in args.sizes}
         datasets_by_size = {
-            size: build_dataset("nca_p", data_dir / "train_data.json",
-                                make_images(data_dir, workdir / f"images-{size}", parse_size(size)), seed=0,
-                                num_samples=args.batch_size)
-            for size in args.sizes}
+            (size, method): build_dataset(method, data_dir / "train_data.json", images[size], seed=0,
+                                          num_samples=args.batch_size)
+            for size in args.sizes for method in ("nca_p", *args.methods)}
         if not args.skip_checks:
-            run_checks(report, args, processor, datasets_by_size[args.sizes[-1]], workdir)
+            run_checks(report, args, processor, datasets_by_size[(args.sizes[-1], "nca_p")], workdir)
             write_outputs(out_dir, report, markdown_table(report, args), stem)
         longest = 0.0
         for i, cfg in enumerate(configs):
@@ -632,7 +647,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             state = {}  # everything of this configuration that holds memory, dropped by `free`
             try:
-                result = run_config(cfg, args, processor, datasets_by_size[cfg["image_size"]], workdir, state,
+                result = run_config(cfg, args, processor, datasets_by_size[(cfg["image_size"], cfg["method"])],
+                                    workdir, state,
                                     report["peak_tflops"])
             except Exception as exc:  # noqa: BLE001 (one configuration's failure must not lose the others)
                 traceback.print_exc()
@@ -651,6 +667,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {brief} ({time.perf_counter() - t0:.0f} s)", flush=True)
             report["shared_vision_speedups"] = layout_speedups(report["results"], "repeated", "shared")
             report["packed_speedups"] = layout_speedups(report["results"], "shared", "packed")
+            report["flex_speedups"] = layout_speedups(report["results"], "packed", "packed_flex")
             report["wall_s"] = elapsed()
             write_outputs(out_dir, report, markdown_table(report, args), stem)
     report["wall_s"] = elapsed()
@@ -672,7 +689,8 @@ def _version(name: str) -> str | None:
 
 
 def run_checks(report: dict, args, processor, dataset, workdir: Path) -> None:
-    """The correctness checks (checks.py) on a small random model, before any timing; recorded in `report`."""
+    """The correctness checks (checks.py), before any timing, recorded in `report`: first flex against sdpa on the
+    benchmark's own model (LoRA, the smaller image size), then the others on a small random model."""
     import torch
 
     def small_model(spec, processor, device):
@@ -682,12 +700,21 @@ def run_checks(report: dict, args, processor, dataset, workdir: Path) -> None:
         return make_trainer(model, ref_model, args, dataset, processor, workdir, f"check-{layout}", layout,
                             learning_rate=1e-4)
 
-    for name, run in (("fused_head", lambda: fused_head_check(small_model(SMALL_SPEC, processor, args.device),
+    def real_trainer(model, ref_model, layout):
+        return make_trainer(model, ref_model, args, dataset, processor, workdir, f"check-real-{layout}", layout,
+                            lora=True)
+
+    for name, run in (("flex_logps", lambda: flex_logp_check(small_model(MODEL_SPECS[args.model], processor,
+                                                                         args.device), real_trainer,
+                                                             args.device, args.dtype)),
+                      ("fused_head", lambda: fused_head_check(small_model(SMALL_SPEC, processor, args.device),
                                                               args.device, args.dtype)),
                       ("shared_vision", lambda: layout_check(small_model, small_trainer, processor,
                                                              args.device, args.dtype, ("shared", "repeated"))),
                       ("packed", lambda: layout_check(small_model, small_trainer, processor,
-                                                      args.device, args.dtype, ("packed", "shared")))):
+                                                      args.device, args.dtype, ("packed", "shared"))),
+                      ("packed_flex", lambda: layout_check(small_model, small_trainer, processor,
+                                                           args.device, args.dtype, ("packed_flex", "shared")))):
         t0 = time.perf_counter()
         try:
             report["checks"][name] = run()
