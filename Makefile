@@ -26,7 +26,7 @@ study: OUT = outputs/study
 study: $(STAMP)
 	$(OFFLINE) $(PY) -m train.study --out $(OUT)
 
-# The tuned protocol (docs/study.md): per-method sweep on a validation split, 5 seeds at the kept settings, 1x and 3x
+# The tuned protocol (docs/study.md): per-method sweep on a validation split, 10 seeds at the kept settings, 1x and 3x
 # budgets, learning curves, intervals and paired tests; two runs at a time (docs/study.md: time and sizing).
 study-tuned: OUT = outputs/study-tuned
 study-tuned: $(STAMP)

@@ -13,7 +13,7 @@ import pytest
 
 from eval.general.synthetic import breakdown
 from eval.stats import interval, paired_difference, t_cdf, t_quantile
-from train.study_tuned import paired, summarize, tables
+from train.study_tuned import NUMERICS, paired, summarize, tables
 
 ROOT = Path(__file__).resolve().parents[1]
 # Student t 0.975 quantiles from a printed table (df 1, 2, 4, 9, 30)
@@ -105,6 +105,7 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     assert report["budgets"] == {"1x": 2, "2x": 4} and report["curve_steps"] == [1, 2, 3, 4]
     assert {"torch", "cpu_capability", "threads", "blas"} <= set(report["platform"])
     assert report["platform"]["threads"] == "1"
+    assert report["platform"]["numerics"] == NUMERICS and report["platform"]["cpu_capability"] == "AVX2"
 
     # the validation split: the training phrasings, items and images of its own (not the held-out bench's)
     data = out / "synthetic-spy-tune"
@@ -160,9 +161,19 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     assert all(f"{name}: reusing" in again.stdout for name in ("nca_p-lr0.0027-beta0.01-seed100", "nca_p-seed1"))
     assert json.loads((out / "study.json").read_text())["final"] == report["final"]
 
-    # other settings in the same folder, or the same under another CPU capability: one line, exit 2
+    # the machine's own CPU dispatch does not reach the study (the pins): under another capability it is the same
+    # platform and reuses everything
+    same = run_study(out, env={"ATEN_CPU_CAPABILITY": "default", "DNNL_MAX_CPU_ISA": "SSE41"})
+    assert same.returncode == 0 and "nca_p-seed1: reusing" in same.stdout, same.stderr[-3000:]
+
+    # other settings in the same folder, or a folder made under other pinned numerics: one line, exit 2
     error = f"error: {out / 'study_config.json'}: a study run with other settings is here; use another --out or delete it"
-    for refused in (run_study(out, "--lr-factors", "1"), run_study(out, env={"ATEN_CPU_CAPABILITY": "default"})):
+    config = out / "study_config.json"
+    kept = config.read_text()
+    config.write_text(json.dumps({**json.loads(kept), "numerics": {**NUMERICS, "ATEN_CPU_CAPABILITY": "avx512"}}))
+    other_pins = run_study(out)
+    config.write_text(kept)
+    for refused in (run_study(out, "--lr-factors", "1"), other_pins):
         assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [error]
     quick = subprocess.run([sys.executable, "-m", "train.study", "--out", str(out), "--seeds", "0"], cwd=ROOT,
                            capture_output=True, text=True)

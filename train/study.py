@@ -180,7 +180,7 @@ def parse(argv: list[str] | None):
     parser.add_argument("--out", default="outputs/study")
     parser.add_argument("--protocol", choices=["quick", "tuned"], default="quick")
     parser.add_argument("--seeds", type=option("seed"), nargs="+", default=None,
-                        help="default: 0 1 2 (quick), 0 1 2 3 4 (tuned)")
+                        help="default: 0 1 2 (quick), 0-9 (tuned)")
     parser.add_argument("--backbone-steps", type=option("backbone_steps"), default=None,
                         help="default: recipes/study/backbone.yaml")
     parser.add_argument("--steps", type=option("steps"), default=None, help="alignment steps of every method (default: "

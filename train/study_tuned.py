@@ -47,26 +47,81 @@ BETA_METHODS = ("dpo", "nca", "nca_p")
 # The common budget: 30 steps of 16 cases (the quick protocol's recipes have 80, cosine); the long one is 3x. Sized so
 # that the whole protocol fits in an evening on a shared 2-core machine (docs/study.md, "Sizing").
 TUNED_STEPS = 30
+# Ten seeds: with five, NCA-P's 1x ICS lead was distinguishable on one machine and not on a second one of the same kind
+# (issue 33); the verdicts docs/study.md states are to hold on both.
+SEEDS = 10
+
+
+# The numeric settings of every process of the tuned study, set in its environment before torch loads (the training
+# subprocesses and the spawned --jobs workers inherit them) and recorded in its platform. Why each (docs/study.md,
+# "Reproducibility across machines": the op-level measurements): on one machine the preference path's first step
+# changes in exactly three kernels when a library's CPU dispatch is varied, each the same kernel as in SFT:
+NUMERICS = {
+    # MKL, every float matmul. Its default blocks a GEMM by the cache sizes the machine reports; CNR mode AUTO keeps
+    # the ISA dispatch but fixes the cache sizes, the reductions and the scheduling (Intel's CNR guide), so two CPUs
+    # of one kind that report other caches block alike. Bitwise equal to the default here; on AMD every named
+    # branch but COMPATIBLE falls back to AUTO (measured: AVX2 ... AVX512_E4 all equal the default). COMPATIBLE
+    # (SSE2, the same code on every x86) also changes the first step's addmm here and doubled the training time.
+    "MKL_CBWR": "AUTO",
+    # MKL's ISA capped at AVX2 as the other two libraries' are; equal to the default here (measured).
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    # oneDNN: the vision tower's patch convolution and GELU. It dispatches on every extension it finds (AVX-512
+    # with bf16 and VNNI here, AMX on newer Xeons), beyond ATen's capability; DNNL_MAX_CPU_ISA=AVX2 changes the
+    # GELU's result, so every machine gets the AVX2 kernels.
+    "DNNL_MAX_CPU_ISA": "AVX2",
+    # ATen's own kernels: the packed rows' flash attention (sdpa with the boolean tree mask picks the CPU flash
+    # kernel, as SFT's padded batches do; its blocks are fixed by the sequence length, its vector maths by the
+    # capability), soft-max, the element-wise maths. AVX2 changes the flash attention's output; AVX2 everywhere.
+    "ATEN_CPU_CAPABILITY": "avx2",
+}
+
+
+def pin_numerics() -> dict:
+    """Put NUMERICS into this process's environment (before torch loads here; every process started later inherits
+    it) and return it. Set, not defaulted: a machine's own values are what must not reach the study's floats."""
+    os.environ.update(NUMERICS)
+    return dict(NUMERICS)
 
 
 def platform() -> dict:
-    """What decides the floating-point results: torch and its BLAS, the CPU kernels chosen, the thread count."""
+    """What decides the floating-point results: torch and its BLAS, the CPU kernels chosen, the thread count, the CPU
+    (vendor, family, model, flags, caches: MKL's and oneDNN's dispatch reads them) and the pinned settings."""
     import torch
 
     config = torch.__config__.show()
     blas = [line.strip() for line in config.splitlines() if "BLAS" in line or "LAPACK" in line or "MKL" in line]
+    cpu = cpu_record()
     return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY"), "threads": os.environ.get("OMP_NUM_THREADS"),
-            "blas": blas, "python": sys.version.split()[0], "machine": platform_module.machine(),
-            "processor": _cpu_model()}
+            "torch_threads": torch.get_num_threads(), "blas": blas, "python": sys.version.split()[0],
+            "machine": platform_module.machine(), "processor": cpu.get("model name"), "cpu": cpu,
+            "numerics": {k: os.environ.get(k) for k in NUMERICS}}
 
 
-def _cpu_model() -> str | None:
+CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "microcode", "cache size")
+
+
+def cpu_record(cpuinfo: Path = Path("/proc/cpuinfo"), caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> dict:
+    """The first CPU's /proc/cpuinfo fields (CPU_FIELDS, its flags as a sorted list) and its cache levels from sysfs;
+    {} where they cannot be read (not Linux)."""
     try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        first = Path(cpuinfo).read_text().split("\n\n")[0]
     except OSError:
-        return None
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+        return {}
+    fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    record = {k: fields[k] for k in CPU_FIELDS if k in fields}
+    record["flags"] = sorted(fields.get("flags", "").split())
+    levels = {}
+    for index in sorted(Path(caches).glob("index*")):
+        try:
+            level, kind, size = ((index / n).read_text().strip() for n in ("level", "type", "size"))
+        except OSError:
+            continue
+        levels[f"L{level} {kind}"] = size
+    if levels:
+        record["caches"] = levels
+    return record
 
 
 def add_arguments(parser, methods: list[str]) -> None:
@@ -87,11 +142,12 @@ def add_arguments(parser, methods: list[str]) -> None:
 
 
 def tuned_settings(args) -> dict:
-    """Complete and check the tuned protocol's arguments; its settings (what a resumed run must share), with the
-    platform's torch version, CPU capability and thread count (floats differ across them)."""
+    """Complete and check the tuned protocol's arguments and pin the numerics; its settings (what a resumed run must
+    share), with the platform's torch version, CPU capability, thread count and pinned settings (floats differ
+    across them)."""
     from data_prep.errors import InputError
 
-    args.seeds = args.seeds or [0, 1, 2, 3, 4]
+    args.seeds = args.seeds or list(range(SEEDS))
     args.steps = args.steps or TUNED_STEPS
     args.curve_every = args.curve_every or args.steps
     for name in ("steps", "long_factor", "curve_every", "jobs", "val_per_label", "general_val"):
@@ -102,9 +158,10 @@ def tuned_settings(args) -> dict:
                          f"{args.curve_every}")
     if args.kept_from and not Path(args.kept_from).is_file():
         raise InputError(args.kept_from, None, "--kept-from", "no such file")
+    pin_numerics()  # before platform() loads torch: this process evaluates the checkpoints
     machine = platform()
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "seeds", "jobs")}
-    return {**settings, **{k: machine[k] for k in ("torch", "cpu_capability", "threads")}}
+    return {**settings, **{k: machine[k] for k in ("torch", "cpu_capability", "threads", "numerics")}}
 
 
 def recipe_value(method: str, key: str) -> float:
@@ -352,6 +409,19 @@ def _point(point: dict) -> str:
     return f"lr {point['learning_rate']:.3g}" + (f", beta {point['beta']:.3g}" if "beta" in point else "")
 
 
+def _machine(platform: dict) -> str:
+    """The CPU and the pinned settings, for the tables' platform lines (empty for a study.json from before they were
+    recorded)."""
+    cpu, pins = platform.get("cpu"), platform.get("numerics")
+    text = ""
+    if cpu:
+        text += (f"; CPU {cpu.get('vendor_id')} family {cpu.get('cpu family')} model {cpu.get('model')} "
+                 f"({cpu.get('model name')})")
+    if pins:
+        text += "; pinned " + ", ".join(f"{k}={v}" for k, v in pins.items())
+    return text
+
+
 def verdicts(report: dict) -> dict:
     """(budget, pair, metric) -> verdict, readable."""
     names = {v: k for k, v in report["budgets"].items()}
@@ -374,7 +444,8 @@ def tables(report: dict, alt: dict | None = None) -> str:
     lines = ["# The miniature study, tuned protocol (held-out synthetic SPY-Bench, rule judge; held-out general "
              "task)", "", f"mean [95% Student t interval] over seeds {report['seeds']}; platform: "
              f"torch {report['platform']['torch']}, CPU capability {report['platform']['cpu_capability']}, "
-             f"{report['platform']['threads']} thread(s) per process.", "", "## Sweep (validation split)", ""]
+             f"{report['platform']['threads']} thread(s) per process{_machine(report['platform'])}.", "",
+             "## Sweep (validation split)", ""]
     rows = []
     for m in methods:
         for p in report["sweep"][m]["points"]:
@@ -429,7 +500,7 @@ def tables(report: dict, alt: dict | None = None) -> str:
         same = [key for key in compared if theirs[key] == ours[key]]
         p = alt["platform"]
         lines += ["", f"Other platform: CPU capability {p['cpu_capability']}, {p['threads']} thread(s), torch "
-                  f"{p['torch']}, seeds {alt['seeds']}: {len(same)} of {len(compared)} verdicts the same"
+                  f"{p['torch']}{_machine(p)}, seeds {alt['seeds']}: {len(same)} of {len(compared)} verdicts the same"
                   + (f" ({len(ours) - len(compared)} not compared: missing there)." if len(compared) < len(ours)
                      else ".")]
     lines += ["", f"wall time: {report['wall_seconds']} s (this invocation; finished runs are reused); training time "
