@@ -41,6 +41,7 @@ from losses.checkpointing import HubFormatResumeMixin
 from losses.fingerprint import weights_fingerprint
 from losses.packing import enable_packing, pack_preference_batch
 from losses.shared_vision import enable_shared_vision, share_images
+from losses.truncation import check_truncation
 
 logger = logging.get_logger(__name__)
 
@@ -128,6 +129,11 @@ class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
                 enable_packing(m)  # after TRL's fused head, which it wraps
             elif m is not None and args.shared_vision:
                 enable_shared_vision(m)
+        # before the reference pass: what max_length leaves of the answers, said once; nothing left is refused
+        pairs = getattr(self.data_collator, "preference_pairs", None)
+        check_truncation(self.train_dataset, processing_class, args.max_length,
+                         (lambda example: pairs([example])) if pairs else (lambda example: [example]),
+                         warn=logger.warning if self.is_world_process_zero() else None)
         if precompute:
             self._precompute_model_hash = weights_fingerprint(self.ref_model or self.model)
             self.train_dataset = self._precompute_ref_logps(self.train_dataset, "train",
