@@ -203,6 +203,7 @@ def test_data_parallel_generation_writes_the_one_process_file(benchmark, tiny_mo
     assert one.returncode == 0, one.stderr[-3000:]
     two = eval_launch("cpu_2proc.yaml", tmp_path, *argv(tmp_path / "two" / "run.jsonl"))
     assert two.returncode == 0, two.stderr[-3000:]
+    assert two.stdout.count(str(tmp_path / "two" / "run.jsonl")) == 1, two.stdout  # the closing line, once
     for name in outputs:
         assert (tmp_path / "two" / name).read_text() == (tmp_path / "one" / name).read_text(), name
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(outputs)  # nothing else, no shards
