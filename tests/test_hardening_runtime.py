@@ -233,6 +233,19 @@ def test_an_unmatched_lora_target_is_refused_before_training(trained, tiny_model
     assert not out.exists()
 
 
+def test_use_peft_without_target_modules_trains_the_familys_default_targets(trained, tiny_model_dir, tmp_path):
+    """`--use_peft true` alone (as the recipes' comments suggest): LoRA on the language model's projections
+    (data_prep/families.py), not a PEFT traceback after the model loads."""
+    from data_prep.families import default_lora_targets
+
+    _, data, _ = trained
+    out = tmp_path / "lora"
+    proc = train(recipe_argv(tiny_model_dir, data, out, "--max_steps", "1", "--use_peft", "true"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    adapter = json.loads((out / "adapter_config.json").read_text())
+    assert adapter["target_modules"] == default_lora_targets("qwen2_vl")
+
+
 def test_training_stops_at_the_first_non_finite_loss_and_saves_no_model(trained, tiny_model_dir, tmp_path):
     _, data, _ = trained
     out = tmp_path / "diverged"
