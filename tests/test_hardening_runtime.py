@@ -246,6 +246,17 @@ def test_use_peft_without_target_modules_trains_the_familys_default_targets(trai
     assert adapter["target_modules"] == default_lora_targets("qwen2_vl")
 
 
+@pytest.mark.parametrize("padding_free", ["false", "true"], ids=["unpacked", "packed"])
+def test_a_max_length_that_keeps_no_answer_is_refused_before_sft_trains(trained, tiny_model_dir, tmp_path,
+                                                                        padding_free):
+    _, data, _ = trained
+    out = tmp_path / "short"
+    proc = train(recipe_argv(tiny_model_dir, data, out, "--max_steps", "2", "--max_length", "20",
+                             "--padding_free", padding_free), cwd=tmp_path)
+    assert_one_line(without_progress(proc), "max_length: 20 keeps no answer token of any of the", "training rows")
+    assert not list(out.glob("checkpoint-*")) and not (out / "model.safetensors").exists()
+
+
 def test_training_stops_at_the_first_non_finite_loss_and_saves_no_model(trained, tiny_model_dir, tmp_path):
     _, data, _ = trained
     out = tmp_path / "diverged"
