@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 
-from data_prep.errors import InputError, key_refused
+from data_prep.errors import InputError, RunStopped, key_refused
 from data_prep.numbers import RULES, check_value
 
 
@@ -81,6 +81,13 @@ def is_retryable(err: Exception) -> bool:
     return False
 
 
+def is_unreachable(err: Exception) -> bool:
+    """No connection to the server at all (refused, reset, no route): not a timeout, not an HTTP answer."""
+    import openai
+
+    return isinstance(err, openai.APIConnectionError) and not isinstance(err, openai.APITimeoutError)
+
+
 def retry_after(err: Exception) -> float | None:
     """Seconds the server asked us to wait (Retry-After / retry-after-ms headers), if it said."""
     response = getattr(err, "response", None)
@@ -114,24 +121,30 @@ class ChatClient:
     error or a garbage body is retried up to `max_retries` times, waiting the server's Retry-After when it
     gives one and otherwise `backoff * 2**attempt` seconds (capped at `max_backoff`) with random jitter;
     other errors (400, ...) are not retried, and 401 / 403 (a wrong key) stops the whole run at once with
-    InputError naming the key's variable (exit 2), as every request would fail alike. The API key is read from the environment variable
-    `api_key_env` only and never logged; a server at `base_url` that needs no key gets a placeholder.
+    InputError naming the key's variable (exit 2), as every request would fail alike. An endpoint that is down stops
+    the run too: once `max_connection_failures` requests in a row have failed for good with no connection at all
+    (each after its retries; any answer from the server resets the count), RunStopped (one line, exit 1) ends it,
+    instead of working every remaining request through its retries; what was finished is kept and the same command
+    resumes. The API key is read from the environment variable `api_key_env` only and never logged; a server at
+    `base_url` that needs no key gets a placeholder.
     """
 
     def __init__(self, model: str, base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY",
                  concurrency: int = 8, max_retries: int = 6, timeout: float = 60.0, max_tokens: int | None = 512,
                  temperature: float | None = 0.0, backoff: float = 1.0, max_backoff: float = 60.0,
-                 max_tokens_field: str = "max_tokens", extra_body: dict | None = None):
+                 max_tokens_field: str = "max_tokens", extra_body: dict | None = None,
+                 max_connection_failures: int = 3):
         # each one checked again here, however it came (command line, suite, Python): concurrency 0 would wait
         # forever, a NaN timeout never fires, a negative backoff crashes the first retry
         for name, value in (("concurrency", concurrency), ("max_retries", max_retries), ("timeout", timeout),
                             ("backoff", backoff), ("max_backoff", max_backoff), ("temperature", temperature),
-                            ("max_tokens", max_tokens)):
+                            ("max_tokens", max_tokens), ("max_connection_failures", max_connection_failures)):
             if value is not None:
                 check_value(value, RULES[name], "endpoint options", name)
         self.model, self.base_url, self.api_key_env = model, base_url, api_key_env
         self.concurrency, self.max_retries, self.timeout = concurrency, max_retries, timeout
         self.backoff, self.max_backoff = backoff, max_backoff
+        self.max_connection_failures, self._unreachable = max_connection_failures, 0  # requests in a row
         self.params = {"temperature": temperature, max_tokens_field: max_tokens}
         self.params = {k: v for k, v in self.params.items() if v is not None}
         if extra_body:
@@ -165,14 +178,28 @@ class ChatClient:
         for attempt in range(self.max_retries + 1):
             try:
                 response = await client.chat.completions.create(model=self.model, messages=messages, **self.params)
+                self._unreachable = 0
                 return {"text": response_text(response)}
             except Exception as err:  # noqa: BLE001 - classified by is_retryable
                 status = getattr(err, "status_code", None)
                 if status in (401, 403):  # the key is wrong for every request: stop the run, send nothing more
                     raise key_refused(self.base_url, self.api_key_env, status) from None
+                unreachable = is_unreachable(err)
+                if not unreachable:  # the server answered (an error status, garbage) or is slow: it is up
+                    self._unreachable = 0
                 if not is_retryable(err) or attempt == self.max_retries:
+                    if unreachable:
+                        self._unreachable += 1
+                        if self._unreachable >= self.max_connection_failures:
+                            raise self._down(attempt + 1, err) from None
                     return {"text": None, "error": f"failed after {attempt + 1} attempt(s): {describe(err)}"}
                 await asyncio.sleep(self.delay(attempt, err))
+
+    def _down(self, attempts: int, err: Exception) -> RunStopped:
+        return RunStopped(f"{self.base_url or 'the OpenAI API'}: no connection for {self._unreachable} requests in a "
+                          f"row, {attempts} attempt(s) each ({describe(err)}): the endpoint is down or unreachable; "
+                          "what was finished is kept, and the same command resumes once it is back "
+                          "(max_connection_failures sets how many failures in a row stop the run)")
 
     async def _run(self, jobs: list, put: Callable) -> None:
         import openai

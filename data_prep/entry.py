@@ -79,7 +79,22 @@ def _silence_stdout() -> None:
 
 
 def run_main(main, *args, interrupted: str = RESUMES) -> int:
-    """Run `main(*args)`; its return value (None: 0) or the status of what stopped it, said in one line."""
+    """Run `main(*args)`; its return value (None: 0) or the status of what stopped it, said in one line.
+
+    Under a multi-process launch every process holds the same results (eval/backends.py gathers them), so only the
+    first one prints them: the others' stdout goes to /dev/null (their logs stay on stderr)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        return _run_main(main, *args, interrupted=interrupted)
+    stdout = sys.stdout
+    sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    try:
+        return _run_main(main, *args, interrupted=interrupted)
+    finally:
+        sys.stdout.close()
+        sys.stdout = stdout
+
+
+def _run_main(main, *args, interrupted: str = RESUMES) -> int:
     from data_prep.secrets import guard_streams
 
     guard_streams()  # nothing printed (logs, tracebacks, this line) holds a key

@@ -5,6 +5,10 @@
   values only, so it trains on the plain path.
 - `packing`: tree-packed, padding-free preference batches (losses/packing.py): needs shared vision, the
   processor's `mm_token_type_ids` and a rope-index function on the backbone.
+- `lora_targets`: what `--use_peft true` adapts when the recipe names no `lora_target_modules` (PEFT knows no
+  default for these families and would stop with a traceback after the model loads): the language model's
+  attention and MLP projections, by a regex that leaves the vision tower out (Qwen2.5-VL's vision blocks have
+  their own gate/up/down projections; Qwen3-VL-MoE's experts are fused parameters, so there the attention only).
 - `pixel_bounds`: the image processor sizes images between `min_pixels` and `max_pixels` (Qwen's dynamic
   resolution). Gemma 3 resizes every image to one fixed square (896 x 896 in the released checkpoints), so
   the bounds are refused rather than ignored.
@@ -21,12 +25,17 @@ from __future__ import annotations
 
 from data_prep.errors import InputError
 
+LANGUAGE_PROJECTIONS = r".*\.language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
 FAMILIES = {
-    "qwen2_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True, "flex_routes": ()},
-    "qwen2_5_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True, "flex_routes": ()},
-    "qwen3_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True, "flex_routes": ()},
-    "qwen3_vl_moe": {"shared_vision": True, "packing": True, "pixel_bounds": True, "flex_routes": ()},
-    "gemma3": {"shared_vision": False, "packing": False, "pixel_bounds": False},
+    "qwen2_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True, "flex_routes": (),
+                 "lora_targets": LANGUAGE_PROJECTIONS},
+    "qwen2_5_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True, "flex_routes": (),
+                   "lora_targets": LANGUAGE_PROJECTIONS},
+    "qwen3_vl": {"shared_vision": True, "packing": True, "pixel_bounds": True, "flex_routes": (),
+                 "lora_targets": LANGUAGE_PROJECTIONS},
+    "qwen3_vl_moe": {"shared_vision": True, "packing": True, "pixel_bounds": True, "flex_routes": (),
+                     "lora_targets": LANGUAGE_PROJECTIONS},
+    "gemma3": {"shared_vision": False, "packing": False, "pixel_bounds": False, "lora_targets": LANGUAGE_PROJECTIONS},
 }
 
 
@@ -40,6 +49,10 @@ def supports_packing(model_type: str) -> bool:
 
 def flex_ran_on(model_type: str | None) -> tuple:
     return FAMILIES.get(model_type, {}).get("flex_routes", ())
+
+
+def default_lora_targets(model_type: str) -> str | None:
+    return FAMILIES.get(model_type, {}).get("lora_targets")
 
 
 def model_type_of(model_name_or_path, **hub_kwargs) -> str:

@@ -80,6 +80,7 @@ RULES: dict[str, Rule] = {
     # requests to endpoints (data_prep/chat_client.py and every command that makes one)
     "timeout": POSITIVE, "backoff": NON_NEGATIVE, "max_backoff": NON_NEGATIVE, "temperature": real(0, 2),
     "concurrency": whole(1), "max_retries": whole(0), "retries": whole(0), "max_tokens": whole(1),
+    "max_connection_failures": whole(1),
     "max_new_tokens": whole(1), "min_delay_seconds": NON_NEGATIVE,
     # how much and in what order
     "limit": whole(1), "seed": whole(0), "batch_size": whole(1), "eval_batch_size": whole(1),

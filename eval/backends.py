@@ -116,6 +116,9 @@ class Generator:
     def generate(self, requests: list[dict]) -> Iterator[dict]:
         raise NotImplementedError
 
+    def check(self, requests: list[dict]) -> None:
+        """Before any request is generated or any file written: InputError for settings that fail every request."""
+
     def close(self) -> None:
         pass
 
@@ -268,19 +271,64 @@ class VLLMGenerator(Generator):
         memory = {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else {}
         if kv_cache_gib:
             memory["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
-        self.llm = vllm.LLM(
+        self.max_model_len, self._pixels = max_model_len, mm_kwargs
+        self._engine_args = dict(
             model=model, tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len, dtype=self.dtype,
             seed=seed, trust_remote_code=trust_remote_code, enable_prefix_caching=True, enforce_eager=enforce_eager,
             limit_mm_per_prompt={"image": images_per_prompt}, **memory,
             **({"mm_processor_kwargs": mm_kwargs} if mm_kwargs else {}), **engine_args,
         )
+        self._llm = None  # started by the first generate(), once check() has seen the prompts (a start takes minutes)
         self.sampling = vllm.SamplingParams(temperature=0.0, max_tokens=max_new_tokens,
                                             **{DECODING_FIELDS[k]: v for k, v in decoding.items()})
         # What vLLM raises for a request it refuses (over max_model_len, too many images) before generating.
         self.rejected = (ValueError, getattr(getattr(vllm, "exceptions", None), "VLLMClientError", ValueError))
 
+    @property
+    def llm(self):
+        if self._llm is None:
+            import vllm
+
+            self._llm = vllm.LLM(**self._engine_args)
+        return self._llm
+
     def close(self) -> None:
-        self.llm = None
+        self._llm = None
+
+    def check(self, requests: list[dict]) -> None:
+        """Refuse a max_model_len shorter than every prompt before the engine starts (each sample would fail, and
+        a retry with it again); warn, with the count, when some prompts are longer (those fail whatever is retried).
+        The lengths are the prompts' text tokens plus their images' tokens, from the images' sizes
+        (data_prep/prompt_tokens.py), a lower bound of what vLLM counts."""
+        if not requests or self.max_model_len is None:
+            return
+        from transformers import AutoProcessor
+
+        from data_prep.prompt_tokens import ImageTokens, image_size, text_tokens
+
+        model = self._engine_args["model"]
+        processor = AutoProcessor.from_pretrained(model, trust_remote_code=self._engine_args["trust_remote_code"],
+                                                  **self._pixels) if self._pixels else self.processor
+        texts = [processor.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True)
+                 for r in requests]
+        image_tokens = ImageTokens(processor) if any(r.get("images") for r in requests) else None
+        lengths = []
+        for request, tokens in zip(requests, text_tokens(processor, texts)):
+            for image in request.get("images") or []:
+                try:
+                    tokens += image_tokens(image_size(image))
+                except OSError:  # an unreadable image is that sample's error, when its turn comes
+                    pass
+            lengths.append(tokens)
+        over = sum(length > self.max_model_len for length in lengths)
+        if over == len(lengths) and self._llm is None:  # up front only: a later chunk's own failures are warned
+            raise InputError("command line", None, "--max-model-len",
+                             f"{self.max_model_len} is shorter than every prompt (the shortest is {min(lengths)} "
+                             f"tokens, its image's included): all {len(lengths)} samples would fail, and a retry "
+                             f"with it again; give at least {min(lengths) + 1}")
+        if over:  # vLLM counts a prompt it refuses as that sample's error
+            logger.warning(f"{over} of {len(lengths)} prompts are longer than --max-model-len {self.max_model_len}: "
+                           "they will fail, and a retry with the same --max-model-len fails them again")
 
     def generate(self, requests: list[dict]) -> Iterator[dict]:
         check_requests(requests)
@@ -302,7 +350,8 @@ class VLLMGenerator(Generator):
             outputs = self.llm.generate([prompt for _, prompt in ready], self.sampling, use_tqdm=False)
         except self.rejected as err:
             if len(ready) == 1:
-                yield {"id": ready[0][0]["id"], "text": None, "error": f"vllm: {err}"}
+                note = "; a retry with the same --max-model-len fails again" if "length" in str(err) else ""
+                yield {"id": ready[0][0]["id"], "text": None, "error": f"vllm: {err}{note}"}
                 return
             yield from self._generate(ready[: len(ready) // 2])
             yield from self._generate(ready[len(ready) // 2:])
@@ -364,6 +413,9 @@ class DataParallel(Generator):
     def close(self) -> None:
         self.inner.close()
 
+    def check(self, requests: list[dict]) -> None:
+        self.inner.check(requests)  # every process checks every request, so all refuse alike
+
     def generate(self, requests: list[dict]) -> Iterator[dict]:
         from accelerate.utils import gather_object
 
@@ -407,6 +459,7 @@ def generate_run(generator: Generator, requests: list[dict], out_path, meta: dic
     meta = meta or {}
     run = RunFile(out_path, header=header, new_run=new_run)
     pending = run.pending(requests)
+    generator.check(pending)  # before the first line is written (and, for vllm, before its engine starts)
     wanted = {str(r["id"]): r["id"] for r in pending}
     done = set()
     with tqdm(total=len(pending), desc=f"generate {Path(out_path).name}", disable=not progress or not pending) as bar:

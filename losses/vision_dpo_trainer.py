@@ -7,9 +7,11 @@ only what TRL does not support for vision datasets:
   per step (losses/shared_vision.py). Families that cannot share (data_prep/families.py) train on the plain path,
   with one warning.
 - `precompute_ref_log_probs`: TRL refuses it for vision datasets. Here one pass before training stores the
-  reference log-probabilities of every row in a column `ref_logps`, cached on disk under
-  `<output_dir>/ref_logps/` keyed by the reference weights and the data, and the reference model is released:
-  dropped from the trainer and from the accelerator's model list, so that its memory really goes back.
+  reference log-probabilities in a column `ref_logps`, cached on disk under `<output_dir>/ref_logps/` keyed by the
+  reference weights, the data and the rows scored, and the reference model is released: dropped from the trainer
+  and from the accelerator's model list, so that its memory really goes back. A run whose `max_steps` reads part
+  of the training set scores only the rows it reads (`rows_read`: the sampler's own order and seed); the others
+  hold NaN, and a step that would train on one stops the run rather than train on it.
 - `packed` (default on): each example's shared prompt goes through the language model once, all examples of a
   micro-batch in one padding-free row (losses/packing.py); it encodes each image once, as `shared_vision` does.
   Families that cannot pack train unpacked, with one warning. `packed_attention` (auto / flex / sdpa) chooses the
@@ -37,11 +39,13 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
 from trl.trainer.utils import use_adapter
 
+from data_prep.errors import RunStopped
 from data_prep.families import supports_packing, supports_shared_vision
 from losses.checkpointing import HubFormatResumeMixin
 from losses.fingerprint import weights_fingerprint
 from losses.packing import PACKED_ATTENTION_CHOICES, PackedAttention, enable_packing, pack_preference_batch
 from losses.shared_vision import enable_shared_vision, share_images
+from losses.truncation import check_truncation
 
 logger = logging.get_logger(__name__)
 
@@ -144,11 +148,16 @@ class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
                 enable_packing(m, self.packed_attention)  # after TRL's fused head, which it wraps
             elif m is not None and args.shared_vision:
                 enable_shared_vision(m)
+        # before the reference pass: what max_length leaves of the answers, said once; nothing left is refused
+        pairs = getattr(self.data_collator, "preference_pairs", None)
+        check_truncation(self.train_dataset, processing_class, args.max_length,
+                         (lambda example: pairs([example])) if pairs else (lambda example: [example]),
+                         warn=logger.warning if self.is_world_process_zero() else None)
         if precompute:
             self._precompute_model_hash = weights_fingerprint(self.ref_model or self.model)
             self.train_dataset = self._precompute_ref_logps(self.train_dataset, "train",
                                                             args.precompute_ref_batch_size or
-                                                            args.per_device_train_batch_size)
+                                                            args.per_device_train_batch_size, self.rows_read())
             if self.eval_dataset is not None:
                 self.eval_dataset = self._precompute_ref_logps(self.eval_dataset, "eval",
                                                                args.precompute_ref_batch_size or
@@ -168,6 +177,17 @@ class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        # NaN: a row the precompute did not score (rows_read). Checked here, not in the collator: the dataloader
+        # collates one batch ahead of the last step, which is never trained on.
+        ref = [inputs[k] for k in ("ref_chosen_logps", "ref_rejected_logps", "ref_logps") if k in inputs]
+        if any(torch.isnan(values).any() for values in ref):
+            raise RunStopped("a training batch holds a row whose reference log-probabilities were not precomputed "
+                             "(the sampler read rows other than those rows_read predicted); run again with "
+                             "--precompute_ref_log_probs false")
+        return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                    num_items_in_batch=num_items_in_batch)
 
     def _set_signature_columns_if_needed(self):
         if self._signature_columns is None:
@@ -194,9 +214,35 @@ class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
               self._reference_context()):
             return self.sequence_logps(model or self.ref_model or self.model, inputs)
 
-    def _precompute_ref_logps(self, dataset: Dataset, name: str, batch_size: int) -> Dataset:
-        """One reference pass over `dataset`; adds the column `ref_logps` (one value per sequence of a row)."""
-        fingerprint = Hasher.hash((dataset._fingerprint, self._precompute_model_hash, type(self).__name__))
+    def rows_read(self) -> list[int] | None:
+        """The training rows that `max_steps` reads, in the sampler's order (None: every row). The Trainer's random
+        sampler becomes accelerate's seedable one, whose first epoch is `randperm(n)` under the data seed (else
+        the training seed, which the Trainer sets before it builds the sampler); the first max_steps x batch x
+        gradient accumulation x processes indices are read, shared out between the processes batch by batch."""
+        args, dataset = self.args, self.train_dataset
+        if args.max_steps is None or args.max_steps <= 0 or dataset is None or not hasattr(dataset, "__len__"):
+            return None
+        wanted = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps * \
+            max(1, args.world_size)
+        n = len(dataset)
+        if wanted >= n:  # the whole first epoch
+            return None
+        strategy = getattr(args, "train_sampling_strategy", "random")
+        if strategy == "sequential":
+            return list(range(wanted))
+        seedable = self.accelerator.dataloader_config.use_seedable_sampler
+        if strategy != "random" or not seedable:  # an order known only once the run draws it: score every row
+            return None
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:wanted].tolist()
+
+    def _precompute_ref_logps(self, dataset: Dataset, name: str, batch_size: int,
+                              rows: list[int] | None = None) -> Dataset:
+        """One reference pass over `dataset` (or its `rows` only; the others get NaN); adds the column `ref_logps`
+        (one value per sequence of a row)."""
+        scored = dataset if rows is None else dataset.select(sorted(rows))
+        fingerprint = Hasher.hash((dataset._fingerprint, self._precompute_model_hash, type(self).__name__,
+                                   None if rows is None else sorted(rows)))
         cache_dir = os.path.join(self.args.output_dir, "ref_logps")
         cache_file = os.path.join(cache_dir, f"{name}-{fingerprint}.parquet")
         if not os.path.exists(cache_file):
@@ -204,15 +250,23 @@ class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
                 # Parameters are not placed yet (the trainer prepares them in `train`): use an inference engine
                 self._precompute_engine = self._precompute_engine or prepare_deepspeed(self.model, self.accelerator)
             model = self._precompute_engine or self.ref_model or self.model
-            loader = self.accelerator.prepare(DataLoader(dataset, batch_size=batch_size, shuffle=False,
+            loader = self.accelerator.prepare(DataLoader(scored, batch_size=batch_size, shuffle=False,
                                                          collate_fn=self.data_collator,
                                                          num_workers=self.args.dataloader_num_workers))
+            if rows is not None and self.is_world_process_zero():
+                logger.info(f"max_steps {self.args.max_steps} reads {len(rows)} of the {len(dataset)} {name} rows: "
+                            "precomputing those")
             values = []
             for batch in tqdm(loader, desc=f"Reference log-probs ({name})", disable=not self.is_world_process_zero()):
                 logps = self.reference_logps(batch, model)
                 per_row = torch.stack(logps.chunk(self.collator_class.sequences_per_example), dim=1)  # (examples, sequences)
                 values.append(self.accelerator.gather_for_metrics(per_row).float().cpu())
             values = torch.cat(values).tolist()
+            if rows is not None:  # every row of the dataset, NaN where not read
+                full = [[float("nan")] * self.collator_class.sequences_per_example for _ in range(len(dataset))]
+                for row, value in zip(sorted(rows), values):
+                    full[row] = value
+                values = full
             if self.accelerator.is_main_process:
                 os.makedirs(cache_dir, exist_ok=True)
                 tmp = f"{cache_file}.tmp"

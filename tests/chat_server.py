@@ -110,7 +110,7 @@ def completion(text: str, model: str) -> dict:
 class ChatServer:
     """`POST /v1/chat/completions` (and `GET /v1/models`) served from a background thread."""
 
-    def __init__(self, reply: Callable[[dict], str | Reply], model: str = "test-model"):
+    def __init__(self, reply: Callable[[dict], str | Reply], model: str = "test-model", port: int = 0):
         self.reply, self.model = reply, model
         self.requests: list[dict] = []
         self._lock = threading.Lock()
@@ -165,7 +165,7 @@ class ChatServer:
                     body = json.dumps(completion(reply.text, request.get("model", server.model))).encode()
                 self._send(reply.status, body, reply.headers)
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)  # port: a server restarted where it was
         self._httpd.daemon_threads = True
         self._httpd.block_on_close = False
         self.port = self._httpd.server_address[1]

@@ -233,6 +233,30 @@ def test_an_unmatched_lora_target_is_refused_before_training(trained, tiny_model
     assert not out.exists()
 
 
+def test_use_peft_without_target_modules_trains_the_familys_default_targets(trained, tiny_model_dir, tmp_path):
+    """`--use_peft true` alone (as the recipes' comments suggest): LoRA on the language model's projections
+    (data_prep/families.py), not a PEFT traceback after the model loads."""
+    from data_prep.families import default_lora_targets
+
+    _, data, _ = trained
+    out = tmp_path / "lora"
+    proc = train(recipe_argv(tiny_model_dir, data, out, "--max_steps", "1", "--use_peft", "true"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    adapter = json.loads((out / "adapter_config.json").read_text())
+    assert adapter["target_modules"] == default_lora_targets("qwen2_vl")
+
+
+@pytest.mark.parametrize("padding_free", ["false", "true"], ids=["unpacked", "packed"])
+def test_a_max_length_that_keeps_no_answer_is_refused_before_sft_trains(trained, tiny_model_dir, tmp_path,
+                                                                        padding_free):
+    _, data, _ = trained
+    out = tmp_path / "short"
+    proc = train(recipe_argv(tiny_model_dir, data, out, "--max_steps", "2", "--max_length", "20",
+                             "--padding_free", padding_free), cwd=tmp_path)
+    assert_one_line(without_progress(proc), "max_length: 20 keeps no answer token of any of the", "training rows")
+    assert not list(out.glob("checkpoint-*")) and not (out / "model.safetensors").exists()
+
+
 def test_training_stops_at_the_first_non_finite_loss_and_saves_no_model(trained, tiny_model_dir, tmp_path):
     _, data, _ = trained
     out = tmp_path / "diverged"
@@ -389,6 +413,58 @@ def test_a_refused_key_stops_a_judge(work):
         sent = len(server.requests)
     check(proc, work, before, "OPENAI_API_KEY", "HTTP 401")
     assert sent == 1
+
+
+def test_an_endpoint_that_dies_mid_run_stops_it_and_the_same_command_resumes(work):
+    """The server is killed after 6 answers: the run stops with one line (exit 1) once 3 requests in a row found no
+    server, instead of retrying each of the other ~94 to exhaustion; the answers are kept, and the same command,
+    the server back on its port, sends only what is missing."""
+    import threading
+
+    from data_prep.runs import read_jsonl
+
+    lock, answered, holder = threading.Lock(), [0], {}
+
+    def reply(request):
+        with lock:
+            answered[0] += 1
+            if answered[0] == 6:  # killed mid-run: the listening socket closes, every new connection is refused
+                threading.Thread(target=holder["server"].close).start()
+        return "answer"
+
+    holder["server"] = server = ChatServer(reply)
+    argv = spy_generate("--base-url", server.base_url, "--concurrency", "2", "--max-retries", "1")
+    start = time.monotonic()
+    proc = run_module("eval", *argv, cwd=work, env=QUIET, timeout=120)
+    took = time.monotonic() - start
+    assert_one_line(without_progress(proc), "no connection for 3 requests in a row", "the endpoint is down",
+                    "the same command resumes", status=1)
+    records = read_jsonl(work / "out.jsonl")
+    done = [r["id"] for r in records if not r.get("error")]
+    assert 4 <= len(done) <= 6 and len(records) < 20 and took < 60  # stopped early, not worked through
+    with ChatServer(lambda request: "answer", port=server.port) as back:
+        again = run_module("eval", *argv, cwd=work, env=QUIET, timeout=120)
+        sent = len(back.requests)
+    assert again.returncode == 0, again.stderr
+    records = read_jsonl(work / "out.jsonl")
+    assert sent == 100 - len(done) and len(records) == 100 and not any(r.get("error") for r in records)
+
+
+def test_the_connection_failure_limit_counts_requests_in_a_row_and_is_configurable():
+    from data_prep.chat_client import ChatClient
+    from data_prep.errors import RunStopped
+
+    with ChatServer(lambda request: "ok") as server:
+        url = server.base_url
+    messages = [{"role": "user", "content": "x"}]
+    client = ChatClient("m", base_url=url, max_retries=0, concurrency=1, max_connection_failures=5)
+    results = []
+    with pytest.raises(RunStopped, match="no connection for 5 requests in a row"):
+        for item in client.stream((i, messages) for i in range(50)):
+            results.append(item)
+    assert len(results) == 4 and all("APIConnectionError" in r["error"] for _, r in results)
+    with pytest.raises(InputError, match="max_connection_failures: must be at least 1"):
+        ChatClient("m", base_url=url, max_connection_failures=0)
 
 
 def test_the_chat_client_raises_on_401_and_sends_nothing_more():

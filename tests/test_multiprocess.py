@@ -124,7 +124,7 @@ def test_nca_p_two_processes_train_resume_and_save_like_one(tiny_model_dir, synt
 
 def test_precomputed_reference_two_processes(tiny_model_dir, synthetic_dir, tmp_path):
     """7 rows over 2 ranks (not divisible): the cache has each row once, equal to the 1-process cache, written by one
-    process; training on it matches one process."""
+    process, scoring only the rows the run reads; training on it matches one process."""
     import pyarrow.parquet as pq
 
     steps = ("--max_steps", "1", "--warmup_steps", "0", "--learning_rate", "1e-3", "--num_train_samples", "7",
@@ -135,7 +135,10 @@ def test_precomputed_reference_two_processes(tiny_model_dir, synthetic_dir, tmp_
     assert [[p.name for p in c] for c in caches] == [[caches[1][0].name]] * 2  # one file each, same key, no .tmp
     values = [pq.read_table(c[0]).column("ref_logps").to_pylist() for c in caches]
     assert len(values[0]) == len(values[1]) == 7
-    assert all(x == pytest.approx(y, abs=1e-4) for x, y in zip(*values))
+    # 1 step x 2 processes x batch 2 reads 4 of the 7 rows: those are scored, the same 4 in both runs, the rest NaN
+    scored = [[i for i, row in enumerate(v) if row == row and not any(x != x for x in row)] for v in values]
+    assert len(scored[0]) == 4 and scored[0] == scored[1]
+    assert all(x == pytest.approx(y, abs=1e-4, nan_ok=True) for x, y in zip(*values))
     assert_same_history(a, b)
     assert_same_weights(tmp_path / "a", tmp_path / "b")
 
@@ -200,6 +203,7 @@ def test_data_parallel_generation_writes_the_one_process_file(benchmark, tiny_mo
     assert one.returncode == 0, one.stderr[-3000:]
     two = eval_launch("cpu_2proc.yaml", tmp_path, *argv(tmp_path / "two" / "run.jsonl"))
     assert two.returncode == 0, two.stderr[-3000:]
+    assert two.stdout.count(str(tmp_path / "two" / "run.jsonl")) == 1, two.stdout  # the closing line, once
     for name in outputs:
         assert (tmp_path / "two" / name).read_text() == (tmp_path / "one" / name).read_text(), name
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(outputs)  # nothing else, no shards

@@ -189,6 +189,21 @@ def test_suite_spy_section_on_vllm_applies_the_generation_config_like_hf(
     assert results["sections"]["spy"]["without_distractors"]["total"] == LIMIT
 
 
+@needs_vllm
+def test_vllm_refuses_a_max_model_len_shorter_than_every_prompt_before_its_engine_starts(items, synthetic_dir, tiny,
+                                                                                       env, tmp_path):
+    """--max-model-len 1: one line naming the option and the shortest prompt, exit 2, no run file, and no engine
+    started (vLLM logs its engine's start-up; none of it appears)."""
+    argv = spy_generate(items, synthetic_dir, tiny, tmp_path / "run.jsonl")
+    argv[argv.index("--max-model-len") + 1] = "1"
+    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "--max-model-len: 1 is shorter than every prompt" in lines[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and not (tmp_path / "run.jsonl").exists()
+    assert "EngineCore" not in result.stderr and "Initializing" not in result.stderr, result.stderr[-3000:]
+
+
 def test_vllm_refuses_a_generation_config_it_cannot_apply(tiny_model_dir, tmp_path):
     """A decoding field vLLM has no equivalent of: refused, naming the file and field, before vLLM is imported."""
     from eval.backends import load_generator

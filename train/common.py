@@ -204,7 +204,30 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
         if not Path(script_args.categories).is_file():
             fail("categories", f"category file not found: {script_args.categories}")
         load_categories(script_args.categories)  # a bad file: InputError naming its line and field
+    if model_args.use_peft and not model_args.lora_target_modules:
+        _default_lora_targets(model_args, training_args, fail)
     _check_paths(script_args, training_args, model_args, fail)
+
+
+def _default_lora_targets(model_args, training_args, fail) -> None:
+    """`--use_peft true` without `lora_target_modules`: the family's default targets (data_prep/families.py), said
+    once; a family without one is refused here, before the data and the model load (PEFT would stop later with a
+    traceback)."""
+    from data_prep.families import default_lora_targets, model_type_of
+
+    try:
+        model_type = model_type_of(model_args.model_name_or_path, revision=model_args.model_revision,
+                                   trust_remote_code=training_args.trust_remote_code)
+    except (OSError, ValueError):  # no such model: said by the path checks and the loader, with their own line
+        return
+    targets = default_lora_targets(model_type)
+    if targets is None:
+        fail("lora_target_modules", f"use_peft needs it for {model_type} (no default for this family): name the "
+                                    "modules to adapt, e.g. --lora_target_modules q_proj k_proj v_proj o_proj, or "
+                                    "all-linear")
+    model_args.lora_target_modules = targets
+    logger.info("use_peft: no lora_target_modules given; adapting the %s language model's attention and MLP "
+                "projections (%s)", model_type, targets)
 
 
 def _check_paths(script_args, training_args, model_args, fail) -> None:

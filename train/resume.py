@@ -7,8 +7,8 @@ ExportableState), so they are written in the same file, at the same moment, as t
 
 * `--resume_from_checkpoint true` takes the newest complete checkpoint (one a kill cut short is skipped, and
   removed when training starts); a named checkpoint that is not complete is refused;
-* a resume whose settings or data differ from the checkpoint's is refused, naming the first setting that differs,
-  as evaluation run files are (data_prep/runs.py), unless `--resume_with_new_settings true` says it is meant.
+* a resume whose settings or data differ from the checkpoint's is refused, naming every setting that differs
+  (each with both values), unless `--resume_with_new_settings true` says it is meant.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ IGNORED = {"output_dir", "run_name", "resume_from_checkpoint", "resume_with_new_
            "greater_is_better", "metric_for_best_model", "load_best_model_at_end", "restore_callback_states_from_checkpoint"}
 IGNORED_PREFIXES = ("logging_", "save_", "eval_", "hub_", "push_to_hub", "include_", "dataloader_", "trackio",
                     "do_", "torch_compile_")
+KEPT = {"dataloader_drop_last"}  # under an ignored prefix, but it changes which rows are trained
 # Data files: compared by content (sha256), not by path, so a moved copy of the same data resumes.
 DATA_FILES = ("train_data_path", "label_path", "categories", "general_data_path")
 STATE_KEY = "RunSettings"
@@ -65,8 +66,8 @@ def _settings(script_args, training_args, model_args) -> dict:
     settings = {}
     for config in (script_args, training_args, model_args):
         for name, value in _as_dict(config).items():
-            if name in IGNORED or name.startswith(IGNORED_PREFIXES) or name in DATA_FILES or name == "eval_data_path" \
-                    or "token" in name:
+            if name not in KEPT and (name in IGNORED or name.startswith(IGNORED_PREFIXES) or name in DATA_FILES
+                                     or name == "eval_data_path" or "token" in name):
                 continue
             settings[name] = json.loads(json.dumps(value, default=str))
     for name in DATA_FILES:
@@ -109,11 +110,19 @@ def check_resume(script_args, training_args, model_args, resume, fail) -> str | 
     before = recorded_settings(checkpoint)
     if before is None:
         fail("resume_from_checkpoint", f"{checkpoint} holds no record of the settings it was trained with; {consent}")
-    for name in sorted(set(before) | set(now)):
-        if before.get(name) != now.get(name):
-            if name.endswith("(sha256)"):
-                fail(name.split(" ")[0], f"the file changed since {checkpoint} was trained (another sha256); {consent}")
-            fail(name, f"{checkpoint} was trained with {before.get(name)!r}, not {now.get(name)!r}; {consent}")
+    differ = [name for name in sorted(set(before) | set(now)) if before.get(name) != now.get(name)
+              and not (name in KEPT and name not in before)]  # a checkpoint recorded before KEPT was kept
+    if not differ:
+        return checkpoint
+    if len(differ) == 1:  # one setting: its name is the field, its two values the message
+        name = differ[0]
+        if name.endswith("(sha256)"):
+            fail(name.split(" ")[0], f"the file changed since {checkpoint} was trained (another sha256); {consent}")
+        fail(name, f"{checkpoint} was trained with {before.get(name)!r}, not {now.get(name)!r}; {consent}")
+    changes = [f"{name.split(' ')[0]}: the file changed" if name.endswith("(sha256)")
+               else f"{name} {before.get(name)!r}, not {now.get(name)!r}" for name in differ]
+    fail(", ".join(name.split(" ")[0] for name in differ),
+         f"{checkpoint} was trained with other settings ({'; '.join(changes)}); {consent}")
     return checkpoint
 
 

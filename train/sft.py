@@ -9,6 +9,7 @@ implementation also trained on the instructions, the question and the image toke
 padding, each with its own M-RoPE positions (losses/packing.py); the Qwen families only.
 """
 
+import logging
 import os
 import sys
 
@@ -19,6 +20,7 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config  # noqa: E40
 from data_prep.families import supports_packing  # noqa: E402
 from losses.checkpointing import HubFormatResumeMixin  # noqa: E402
 from losses.packing import PaddingFreeCollator, enable_packing  # noqa: E402
+from losses.truncation import check_truncation  # noqa: E402
 from train.card import attach, finish  # noqa: E402
 from train.common import (  # noqa: E402
     SpyTuneArguments,
@@ -30,6 +32,8 @@ from train.common import (  # noqa: E402
     run,
 )
 
+logger = logging.getLogger("train.sft")  # a package logger (data_prep/log.py), run as a file or not
+
 
 class SpySFTTrainer(HubFormatResumeMixin, SFTTrainer):
     """TRL's SFTTrainer, resuming full fine-tuning with the right weights (losses/checkpointing.py), and padding-free
@@ -39,6 +43,8 @@ class SpySFTTrainer(HubFormatResumeMixin, SFTTrainer):
         padding_free = args.padding_free and supports_packing(getattr(getattr(model, "config", None), "model_type", None))
         args.padding_free = args.padding_free and not padding_free  # TRL's own check refuses vision data
         super().__init__(model=model, args=args, **kwargs)
+        check_truncation(self.train_dataset, self.processing_class, args.max_length,  # what max_length leaves
+                         warn=logger.warning if self.is_world_process_zero() else None)
         if padding_free:
             args.padding_free = True
             self.data_collator = PaddingFreeCollator(self.data_collator)

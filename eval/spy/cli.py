@@ -27,7 +27,7 @@ from pathlib import Path
 from data_prep.categories import CategorySet, as_categories
 from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError, read_json
-from data_prep.numbers import int_at_least, positive_float
+from data_prep.numbers import int_at_least, option, positive_float
 from data_prep.runs import (
     RunFile,
     check_outputs,
@@ -50,7 +50,8 @@ BACKEND_OPTIONS = {
     "vllm": ("max_new_tokens", "dtype", "min_pixels", "max_pixels", "trust_remote_code", "tensor_parallel_size",
              "data_parallel_size", "max_model_len", "gpu_memory_utilization", "kv_cache_gib", "enforce_eager",
              "chunk_size"),
-    "openai": ("max_new_tokens", "base_url", "api_key_env", "concurrency", "max_retries", "timeout"),
+    "openai": ("max_new_tokens", "base_url", "api_key_env", "concurrency", "max_retries", "timeout",
+               "max_connection_failures"),
 }
 # The options that change answers: a run file records them and a resume must use the same.
 ANSWER_OPTIONS = ("max_new_tokens", "dtype", "min_pixels", "max_pixels")
@@ -347,6 +348,9 @@ def _add_backend_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--concurrency", type=int_at_least(1), help="openai: requests in flight (default 8)")
     group.add_argument("--max-retries", type=int_at_least(0), help="openai: retries on 429/5xx/timeouts (default 6)")
     group.add_argument("--timeout", type=positive_float, help="openai: seconds per request (default 60)")
+    group.add_argument("--max-connection-failures", type=option("max_connection_failures"),
+                       help="openai: stop (what was finished is kept) after this many requests in a row found no "
+                            "server, each after its retries (default 3)")
     parser.add_argument("--new-run", action="store_true",
                         help="start --out over when it holds a run made with another model or settings "
                              "(default: refuse, and say which setting differs)")
