@@ -93,7 +93,8 @@ def images_entry(images, out, run=None) -> dict:
         images = None if images is None else Path(run).parent / images
     if images is None:
         return {}
-    return {"images": os.path.relpath(Path(images).resolve(), Path(out).resolve().parent)}
+    # abspath, not resolve: a symlinked images folder inside the run's folder stays inside it
+    return {"images": os.path.relpath(os.path.abspath(images), os.path.dirname(os.path.abspath(out)))}
 
 
 def _check_run_matches(out, samples: list[dict], header: dict, new_run: bool) -> None:

@@ -29,13 +29,32 @@ const VIEWER = (() => {
   const str = (v) => (v == null ? "" : String(v));
   const swatch = (color) => { const s = el("span", { class: "swatch" }); s.style.borderColor = color; return s; };
   // A long text: the first CLIP characters and a button that shows the rest (a 1 MB answer would freeze the list).
+  // The whole text goes in as paragraphs of about PIECE characters cut at a space: Chromium lays out one paragraph
+  // of a megabyte of right-to-left text and emoji in tens of seconds, many short ones in well under one.
+  const PIECE = 4000;
+  const safeCut = (text, at) => (at < text.length && /[\ud800-\udbff]/.test(text[at - 1]) ? at - 1 : at);  // not in a surrogate pair
+  function pieces(text) {
+    const out = [];
+    for (let start = 0; start < text.length;) {
+      let end = Math.min(text.length, start + PIECE);
+      const space = end < text.length ? text.lastIndexOf(" ", end) : -1;
+      end = safeCut(text, space > start + PIECE / 2 ? space + 1 : end);
+      out.push(text.slice(start, end));
+      start = end;
+    }
+    return out;
+  }
   function longText(tag, cls, text) {
     text = str(text);
     const node = el(tag, { class: cls, dir: "auto" });
     if (text.length <= CLIP) { node.textContent = text; return node; }
-    node.textContent = text.slice(0, CLIP) + "…";
+    node.textContent = text.slice(0, safeCut(text, CLIP)) + "…";
     const more = el("button", { type: "button", class: "more" }, `show all (${text.length.toLocaleString()} characters)`);
-    more.addEventListener("click", () => { node.textContent = text; more.remove(); });
+    more.addEventListener("click", () => {
+      fill(node, pieces(text).map((p) => el("span", { class: "piece" }, p)));
+      node.classList.add("all");
+      more.remove();
+    });
     return el("div", { class: "long" }, node, more);
   }
 
