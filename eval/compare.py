@@ -121,8 +121,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-view", action="store_true", help="do not write the per-sample viewer (OUT/view)")
     parser.add_argument("--images", help="the viewer's SPY-Bench images (default: the folder each suite records, "
                                          "when that lies inside it)")
-    parser.add_argument("--geo-images", help="the viewer's GeoPrivacy images (default: as --images)")
-    parser.add_argument("--spatialtrust-data", help="the viewer's SpatialTrust data file (default: as --images)")
+    parser.add_argument("--geo-images", help="the viewer's GeoPrivacy images (default: the folder each suite "
+                                             "records, when that lies inside it)")
+    parser.add_argument("--spatialtrust-data", help="the viewer's SpatialTrust data file (default: the file each "
+                                                    "suite records, when that lies inside it)")
     args = parser.parse_args(argv)
     print(compare(args.results, args.out, args.names, view=not args.no_view, images=args.images,
                   spatialtrust_data=args.spatialtrust_data, geo_images=args.geo_images), end="")

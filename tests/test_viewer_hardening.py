@@ -214,6 +214,15 @@ def test_a_crafted_results_json_copies_nothing_from_outside(synthetic_dir, tmp_p
     # not found there (it is not inside), so shown without an image
 
 
+@pytest.mark.parametrize("sections", [{"spy": 3}, {"spy": ["x"]}, {"spatialtrust": "one-pass"}])
+def test_a_crafted_results_json_of_the_wrong_shape_is_one_line(tmp_path, capsys, sections):
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "suite" / "results.json").write_text(json.dumps({"sections": sections, "inputs": {"spy": "/"}}))
+    assert main(tmp_path / "suite", "--out", tmp_path / "view") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "results.json: sections." in err and not (tmp_path / "view").exists(), err
+
+
 # ----------------------------------------------------------------------------------------------- items 1, 3: requests
 def test_no_request_leaves_the_folder_with_the_network_off(browser, synthetic_dir, tmp_path):  # noqa: F811
     from eval.view import build_view

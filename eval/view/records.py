@@ -325,6 +325,9 @@ def suite_rows(folder, given: dict | None = None) -> dict:
         return recorded_root(folder, recorded.get(key), source, f"inputs.{section}.{key}", FLAGS.get((section, key)))
 
     sections = results["sections"]
+    for name in ("spy", "geo", "spatialtrust"):
+        if not isinstance(sections.get(name) or {}, dict):
+            raise InputError(source, None, f"sections.{name}", "expected an object of setting -> scores")
     rows = {}
     for setting in sections.get("spy") or {}:
         base = setting.removesuffix("_self_moderation")
