@@ -78,14 +78,31 @@ def spy_payload_run(synthetic_dir, folder: Path) -> Path:
     return path
 
 
-def geo_payload_run(folder: Path) -> Path:
+def geo_payload_runs(folder: Path) -> list[Path]:
+    """GeoPrivacy runs whose answers are payloads: MCQ raw responses and parsed answers, a failed record's error,
+    free-form answers and judged labels."""
     from eval.geoprivacy import data
 
     ids = list(data.load_labels())[:8]
-    path = folder / "geo_mcq.jsonl"
-    write_jsonl(path, [{"id": i, "setting": "mcq", "response": "Q1: A\nQ7: B " + payload(n)} for n, i in
-                       enumerate(ids)])
-    return path
+    mcq = [{"id": i, "setting": "mcq", "response": "Q1: A\nQ7: B " + payload(n)} for n, i in enumerate(ids[:3])]
+    mcq += [{"id": i, "setting": "mcq", **{f"Q{q}": payload(n + q) for q in range(1, 8)}} for n, i in enumerate(ids[3:6])]
+    mcq += [{"id": i, "setting": "mcq", "error": payload(n)} for n, i in enumerate(ids[6:])]
+    free = [{"id": i, "setting": "free-form", "Q7-gen": payload(n), "Q7-label": ["A", payload(n)][n % 2]}
+            for n, i in enumerate(ids)]
+    write_jsonl(folder / "geo_mcq.jsonl", mcq)
+    write_jsonl(folder / "geo_free-form.jsonl", free)
+    return [folder / "geo_mcq.jsonl", folder / "geo_free-form.jsonl"]
+
+
+def payload_suite(spy: Path, folder: Path) -> Path:
+    """A suite folder: the SPY-Bench payload run, and a general section (which the viewer does not show) whose
+    setting names are payloads."""
+    (folder / "spy" / "with_distractors").mkdir(parents=True)
+    shutil.copyfile(spy, folder / "spy" / "with_distractors" / "judged.jsonl")
+    (folder / "results.json").write_text(json.dumps({"headline": [], "inputs": {"spy": {"images": payload(0)}},
+                                                     "sections": {"spy": {"with_distractors": {}},
+                                                                  "general": {payload(n): {} for n in range(7)}}}))
+    return folder
 
 
 def st_payload_run(folder: Path) -> tuple[Path, Path]:
@@ -116,17 +133,20 @@ def test_payloads_in_every_field_of_every_benchmark_stay_text(browser, synthetic
     from eval.view import build_view
 
     spy = spy_payload_run(synthetic_dir, tmp_path)
-    geo = geo_payload_run(tmp_path)
+    geo = geo_payload_runs(tmp_path)
     st_data, st = st_payload_run(tmp_path)
-    names = [payload(1), payload(0) + "b", payload(2) + "c"]
-    index = build_view([spy, geo, st], tmp_path / "view", names=names, images=synthetic_dir,
+    suite = payload_suite(spy, tmp_path / "suite")
+    runs = [spy, *geo, st, suite]
+    names = [payload(n) + str(n) for n in range(len(runs))]
+    index = build_view(runs, tmp_path / "view", names=names, images=synthetic_dir,
                        spatialtrust_data=st_data, title=payload(0), progress=False)
     page, requests, errors = open_view(browser, index)
     assert not errors, errors
     assert_clean(page, index)
     text = page.inner_text("body")
     assert payload(1) in text and page.title() == payload(0)  # shown, as text
-    assert shown(page) == page.evaluate("VIEWER.state.rows.length") == 16 + 8 + 2
+    assert page.evaluate("VIEWER.state.rows.filter(r => r.bench === 'geo' && r.runs[2]).length") == 8
+    assert shown(page) == page.evaluate("VIEWER.state.rows.length") == 16 + 8 + 8 + 2  # the suite's are the first's
     # every card of every page, each lightbox, each single-sample link
     page.select_option("select[data-facet='section']", "one-pass")
     assert page.locator(".card rect[data-kind='pred']").count() > 0
