@@ -408,6 +408,17 @@ def test_error_lines_count_the_header_line(synthetic_dir, tmp_path, capsys):
     assert "h.jsonl:3: is_privacy: expected 0 or 1" in err, err
 
 
+def test_geoprivacy_error_lines_count_the_header_line(tmp_path, capsys):
+    from eval.geoprivacy import data
+
+    known = list(data.load_labels())[0]
+    lines = [json.dumps({"run_header": {"step": "geo generate"}}), json.dumps({"id": known, "setting": "mcq", "response": "Q7: A"}),
+             json.dumps({"id": "no-such-id", "setting": "mcq", "response": "Q7: A"})]
+    (tmp_path / "mcq.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(tmp_path / "mcq.jsonl", "--out", tmp_path / "view") == 2
+    assert "mcq.jsonl:3: id: 'no-such-id' is not in the gold labels" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------------------------- item 6
 def test_a_hugging_face_snapshot_is_an_images_folder(synthetic_dir, tmp_path):
     """Files of snapshots/<rev>/ are symlinks into the repo's blobs/, as huggingface_hub lays them out."""

@@ -192,7 +192,10 @@ def geo_rows(path, setting: str | None = None, images=None, labels=None, metadat
     questions = [f"Q{i}" for i in range(1, 8)]
     rows = {}
     missing = MissingImages(path, images)
-    for n, r in enumerate(raw, 1):
+    from eval.spatialtrust.data import with_line_numbers
+
+    numbered = with_line_numbers(path, raw) if path.suffix == ".jsonl" else enumerate(raw, 1)  # header counted
+    for n, r in numbered:
         rid = data.label_id(r["id"])
         truth = gold.get(rid)
         if truth is None:
@@ -378,7 +381,7 @@ def load_run(source, given: dict | None = None) -> dict:
         return spatialtrust_rows(source, spatial["data"], source.stem)
     if any(k in first for k in ("Q7", "Q7-label", "setting")):
         return geo_rows(source, images=geo.get("images") or spy.get("images"), labels=geo.get("labels"))
-    raise InputError(source, 1, None, "not a judged SPY-Bench, GeoPrivacy or SpatialTrust run file "
+    raise InputError(source, None, None, "not a judged SPY-Bench, GeoPrivacy or SpatialTrust run file "
                      "(expected label/is_privacy, Q7 or image_id/q1 fields)")
 
 
