@@ -451,6 +451,12 @@ def test_an_out_with_a_meta_js_is_not_ours_without_the_marker(synthetic_dir, tmp
     assert (site / "index.html").read_text() == "mine"
     assert main(tmp_path / "runs" / "a.jsonl", "--images", synthetic_dir, "--out", tmp_path / "ours") == 0
     assert main(tmp_path / "runs" / "a.jsonl", "--images", synthetic_dir, "--out", tmp_path / "ours") == 0  # rebuilt
+    # a viewer built before the marker existed: our files only, our own script: still ours
+    (tmp_path / "ours" / ".privacy-align-output").unlink()
+    assert main(tmp_path / "runs" / "a.jsonl", "--images", synthetic_dir, "--out", tmp_path / "ours") == 0
+    (tmp_path / "ours" / ".privacy-align-output").unlink()
+    (tmp_path / "ours" / "notes.txt").write_text("mine")
+    assert main(tmp_path / "runs" / "a.jsonl", "--images", synthetic_dir, "--out", tmp_path / "ours") == 2
 
 
 # ----------------------------------------------------------------------------------------------- item 7

@@ -83,6 +83,20 @@ def category_names(rows: list[dict]) -> dict:
 
 
 COMMAND = "eval view"  # the marker (data_prep.runs.claim_folder) that says a folder is a viewer we wrote
+SITE_FILES = {"index.html", "viewer.js", "viewer.css", "data", "img"}
+
+
+def _viewer_before_markers(out: Path) -> bool:
+    """A viewer written before the marker existed: only our files, and our own script (its first line)."""
+    try:
+        script = (out / "viewer.js").read_text(encoding="utf-8")
+        names = {p.name for p in out.iterdir()}
+        data = {p.name for p in (out / "data").iterdir()}
+    except OSError:
+        return False
+    ours = (ASSETS / "viewer.js").read_text(encoding="utf-8").split("\n", 1)[0]
+    return names <= SITE_FILES and script.split("\n", 1)[0] == ours and all(
+        n == "meta.js" or (n.startswith("rows-") and n.endswith(".js")) or n.startswith(".") for n in data)
 
 
 def write_site(rows: list[dict], run_names: list[str], out, title: str = "privacy-align samples",
@@ -110,7 +124,7 @@ def write_site(rows: list[dict], run_names: list[str], out, title: str = "privac
             "categories": category_names(shown), "sections": list(dict.fromkeys(r["section"] for r in shown)),
             "benches": list(dict.fromkeys(r["bench"] for r in shown))}
     page = (ASSETS / "index.html").read_text(encoding="utf-8").replace("{{title}}", _escape(safe_text(title)))
-    claim_folder(out, COMMAND)
+    claim_folder(out, COMMAND, own=SITE_FILES if out.is_dir() and _viewer_before_markers(out) else ())
     table = []
     for path in tqdm(sources, desc="thumbnails", disable=not progress, mininterval=1.0):
         thumb, full = make_images(path, out / "img")
