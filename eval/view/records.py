@@ -50,10 +50,13 @@ class MissingImages:
 
     def __init__(self, source, images):
         self.source, self.images, self.samples, self.missing, self.first = source, images, 0, 0, None
+        self.exists: dict[Path, bool] = {}  # samples share images: one look each
 
     def find(self, path: Path | None, name) -> Path | None:
         self.samples += 1
-        if path is not None and path.is_file():
+        if path is not None and path not in self.exists:
+            self.exists[path] = path.is_file()
+        if path is not None and self.exists[path]:
             return path
         self.missing += 1
         self.first = self.first or name
