@@ -54,6 +54,7 @@ def synthetic_suite(folder: Path, items_per_label: int, flip: float = 0.0, seed:
         write_jsonl(folder / "spy" / setting / "judged.jsonl", judged)
     write_json(folder / "results.json", {"headline": [], "sections": {"spy": {"without_distractors": {},
                                                                               "with_distractors": {}}},
+                                         # outside the folder: eval view is given the images (images=data)
                                          "inputs": {"spy": {"images": str(data.resolve()), "categories": None}}})
     return data
 
@@ -138,12 +139,13 @@ def main() -> int:
         images = len(json.loads((data / "questions.json").read_text())["benchmark_list"])
         print(f"{n} samples, {images} images")
         _, first = timed("eval view, one run, first build (thumbnails made)",
-                         lambda: build_view([tmp / "run_a"], tmp / "view1", progress=False))
+                         lambda: build_view([tmp / "run_a"], tmp / "view1", images=data, progress=False))
         one_size = size_mib(tmp / "view1")
         _, again = timed("eval view, one run, again (thumbnails reused)",
-                         lambda: build_view([tmp / "run_a"], tmp / "view1", progress=False))
+                         lambda: build_view([tmp / "run_a"], tmp / "view1", images=data, progress=False))
         _, two = timed("eval view, two runs side by side, new folder (thumbnails made)",
-                       lambda: build_view([tmp / "run_a", tmp / "run_b"], tmp / "view2", progress=False))
+                       lambda: build_view([tmp / "run_a", tmp / "run_b"], tmp / "view2", images=data,
+                                                  progress=False))
         print(f"site size with its images: one run {one_size:.0f} MiB, two runs {size_mib(tmp / 'view2'):.0f} MiB")
         with chromium(timeout_ms=120_000) as context:
             context.new_page().goto("about:blank")  # the browser's own start-up is not the viewer's

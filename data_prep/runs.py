@@ -28,10 +28,14 @@ from data_prep.errors import InputError, new_file_mode, read_text, unwritable
 logger = logging.getLogger(__name__)
 
 HEADER = "run_header"  # the first line of a run file, `{"run_header": {...}}`: what made the run
+# Header entries that say where the run's inputs are (for eval view), not what makes its answers: a resume from
+# a moved folder is the same run, so they are not compared.
+DESCRIPTIVE = ("images",)
 
 
-def _parse_lines(path, lines, required: Iterable[str] = (), first: int = 1):
-    """(header or None, records) of JSON Lines text lines; a bad line raises InputError."""
+def _parse_lines(path, lines, required: Iterable[str] = (), first: int = 1, numbers: list | None = None):
+    """(header or None, records) of JSON Lines text lines; a bad line raises InputError. `numbers`, when given,
+    receives each record's line number."""
     header, records = None, []
     for lineno, line in enumerate(lines, first):
         if not line.strip():
@@ -51,6 +55,8 @@ def _parse_lines(path, lines, required: Iterable[str] = (), first: int = 1):
             if field not in record:
                 raise InputError(path, lineno, field, "missing field")
         records.append(record)
+        if numbers is not None:
+            numbers.append(lineno)
     return header, records
 
 
@@ -58,6 +64,14 @@ def read_jsonl(path, required: Iterable[str] = ()) -> list[dict]:
     """Every object of a JSON Lines file (a run file's header line left out); a bad line, a missing
     required field or bytes that are not UTF-8 raise InputError."""
     return _parse_lines(path, read_text(path).split("\n"), required)[1]
+
+
+def read_run(path, required: Iterable[str] = ()) -> tuple[dict | None, list[tuple[int, dict]]]:
+    """(header or None, [(line number, record), ...]) of a run file: the numbers are the file's own lines (the
+    header line and blank lines counted), as an error message names them."""
+    numbers: list[int] = []
+    header, records = _parse_lines(path, read_text(path).split("\n"), required, numbers=numbers)
+    return header, list(zip(numbers, records))
 
 
 def process_group() -> tuple[int, int]:
@@ -182,7 +196,7 @@ class RunFile:
 
     def _check_header(self, found: dict) -> None:
         for name in sorted(set(self.header) | set(found)):
-            if found.get(name) != self.header.get(name):
+            if name not in DESCRIPTIVE and found.get(name) != self.header.get(name):
                 self._refuse(1, name, found.get(name))
 
     def _check_records(self, records: list[dict], first: int) -> None:

@@ -54,7 +54,10 @@ def differences(runs: dict[str, dict]) -> list[str]:
     return warnings
 
 
-def compare(folders: list, out, names: list[str] | None = None, view: bool = True) -> str:
+def compare(folders: list, out, names: list[str] | None = None, view: bool = True, images=None,
+            spatialtrust_data=None, geo_images=None, inputs: dict | None = None) -> str:
+    """The leaderboard of the suite folders; `images`, `spatialtrust_data`, `geo_images` and `inputs` (as
+    eval.view.build_view takes them) say where the viewer finds the samples' images and data."""
     from eval.report import bar_chart, markdown_table
 
     names = names or [Path(f).name for f in folders]
@@ -72,7 +75,8 @@ def compare(folders: list, out, names: list[str] | None = None, view: bool = Tru
         from eval.view import build_view
 
         build_view(folders, out / "view", names=names, title=f"{' vs '.join(names)} (baseline {names[0]})",
-                   progress=False)
+                   progress=False, images=images, spatialtrust_data=spatialtrust_data, geo_images=geo_images,
+                   inputs=inputs)
     keys = []
     for results in runs.values():
         for row in results["headline"]:
@@ -115,6 +119,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--names", nargs="+", help="one row name per folder (default: folder names)")
     parser.add_argument("--out", required=True, help="folder for compare.md, compare.json, compare.png, view/")
     parser.add_argument("--no-view", action="store_true", help="do not write the per-sample viewer (OUT/view)")
+    parser.add_argument("--images", help="the viewer's SPY-Bench images (default: the folder each suite records, "
+                                         "when that lies inside it)")
+    parser.add_argument("--geo-images", help="the viewer's GeoPrivacy images (default: the folder each suite "
+                                             "records, when that lies inside it)")
+    parser.add_argument("--spatialtrust-data", help="the viewer's SpatialTrust data file (default: the file each "
+                                                    "suite records, when that lies inside it)")
     args = parser.parse_args(argv)
-    print(compare(args.results, args.out, args.names, view=not args.no_view), end="")
+    print(compare(args.results, args.out, args.names, view=not args.no_view, images=args.images,
+                  spatialtrust_data=args.spatialtrust_data, geo_images=args.geo_images), end="")
     return 0

@@ -524,9 +524,11 @@ def push_results(repo: str, rows: list[dict], model_name: str) -> None:
                     commit_message="privacy-align: evaluation results (python -m eval suite)")
 
 
-def log_wandb(project: str, name: str, rows: list[dict], settings: dict, out=None, samples: int = 100) -> None:
+def log_wandb(project: str, name: str, rows: list[dict], settings: dict, out=None, samples: int = 100,
+              inputs: dict | None = None) -> None:
     """The headline metrics, and beside them a table of the first `samples` samples of the suite folder `out`
-    (image, prompt, answer, verdict: eval/view's rows), as lmms-eval logs its samples."""
+    (image, prompt, answer, verdict: eval/view's rows; `inputs`: where its images are, eval.view.records.
+    suite_inputs), as lmms-eval logs its samples."""
     import wandb
 
     from data_prep.secrets import redact_obj
@@ -538,7 +540,7 @@ def log_wandb(project: str, name: str, rows: list[dict], settings: dict, out=Non
     if out is not None and samples:
         from eval.view import load_rows, sample_table
 
-        logged["eval/samples"] = sample_table(load_rows([out]), limit=samples)
+        logged["eval/samples"] = sample_table(load_rows([out], inputs), limit=samples)
     run.log(logged)
     run.finish()
 
@@ -593,12 +595,14 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
     if view:
         from eval.view import build_view
 
-        build_view([out], out / "view", names=[Path(model).name or model], progress=False)
+        # the suite knows its inputs (the YAML named them): its own viewer need not trust what results.json says
+        build_view([out], out / "view", names=[Path(model).name or model], progress=False,
+                   inputs=suite_inputs(config))
     if push_to_hub:
         push_results(push_to_hub, rows, push_to_hub.split("/")[-1])
     if wandb:
         log_wandb(wandb_project or config.get("wandb_project") or os.environ.get("WANDB_PROJECT", "privacy-align"),
-                  name, rows, settings, out=out, samples=wandb_samples)
+                  name, rows, settings, out=out, samples=wandb_samples, inputs=suite_inputs(config))
     return results
 
 

@@ -271,13 +271,16 @@ def test_compare_writes_and_links_a_viewer_and_thumbnails_are_reused(suite_run, 
     from eval.compare import compare
 
     shutil.copytree(suite_run, tmp_path / "other", ignore=shutil.ignore_patterns("view"))
-    compare([suite_run, tmp_path / "other"], tmp_path / "board", names=["first", "second"])
+    inputs = json.loads((suite_run / "results.json").read_text())["inputs"]  # outside the suite folder: given
+    given = {"images": (suite_run / inputs["spy"]["images"]).resolve(),
+             "spatialtrust_data": (suite_run / inputs["spatialtrust"]["data"]).resolve()}
+    compare([suite_run, tmp_path / "other"], tmp_path / "board", names=["first", "second"], **given)
     assert "[the sample viewer](view/index.html)" in (tmp_path / "board" / "compare.md").read_text()
     meta = (tmp_path / "board" / "view" / "data" / "meta.js").read_text()
     assert '"name":"first"' in meta and '"name":"second"' in meta
     thumbs = sorted((tmp_path / "board" / "view" / "img").iterdir())
     times = [p.stat().st_mtime_ns for p in thumbs]
-    compare([suite_run, tmp_path / "other"], tmp_path / "board", names=["first", "second"])
+    compare([suite_run, tmp_path / "other"], tmp_path / "board", names=["first", "second"], **given)
     assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "board" / "view" / "img").iterdir())] == times
 
 
@@ -292,11 +295,11 @@ def test_bad_input_is_one_line_and_writes_nothing(synthetic_dir, tmp_path, capsy
     assert main(["view", str(tmp_path / "runs" / "bad.jsonl"), "--images", str(synthetic_dir), "--out",
                  str(tmp_path / "v")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "bad.jsonl:2: image_path" in err and "leads outside" in err
+    assert err.count("\n") == 1 and "bad.jsonl:2: image_path" in err and "leaves its folder" in err
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.tex").write_text("mine")
     assert main(["view", str(tmp_path / "runs" / "a.jsonl"), "--out", str(tmp_path / "mine")]) == 2
-    assert "holds something other than a viewer" in capsys.readouterr().err
+    assert "holds files not made by this command (e.g. thesis.tex)" in capsys.readouterr().err
     assert not (tmp_path / "v").exists() and sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["thesis.tex"]
 
 

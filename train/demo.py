@@ -211,8 +211,14 @@ def main(argv: list[str] | None = None) -> None:
     checkpoints = {"base": model_dir, "sft": out / "sft", "nca_p": out / "nca_p"}
     results = {stage: evaluate(stage, checkpoints[stage], out, args, log) for stage in STAGES}
     from eval.compare import compare
+    from eval.suite import load_config
+    from eval.view.records import suite_inputs
 
-    compare([out / "suite" / stage for stage in STAGES], out / "leaderboard", names=[STAGE_NAMES[s] for s in STAGES])
+    # the demo's suites share one config: the viewer is told its inputs (not trusting results.json's, which lie
+    # outside each suite folder)
+    inputs = suite_inputs(load_config(ROOT / "eval" / "suites" / "demo.yaml", root=str(out)))
+    compare([out / "suite" / stage for stage in STAGES], out / "leaderboard", names=[STAGE_NAMES[s] for s in STAGES],
+            inputs=inputs)
     report = {stage: results[stage]["without_distractors"] for stage in STAGES}
     report["wall_seconds"] = round(time.time() - log.start, 1)
     report["with_distractors"] = {stage: results[stage]["with_distractors"] for stage in STAGES}

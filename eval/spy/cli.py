@@ -33,6 +33,7 @@ from data_prep.runs import (
     check_outputs,
     nonempty,
     read_jsonl,
+    read_run,
     warn_if_empty,
     warn_unequal_counts,
     write_json,
@@ -81,6 +82,22 @@ def categories_header(cats: CategorySet) -> dict:
     return {} if cats.is_default() else {"categories": cats.digest}
 
 
+def images_entry(images, out, run=None) -> dict:
+    """The run header's `images`: the folder the samples' image paths start in, relative to the run file's folder
+    (eval view finds the images there when it lies inside that folder). `run`: a run file whose header carries it
+    (spy judge), relative to that file's folder."""
+    import os
+
+    if images is None and run is not None:
+        header = read_run(run)[0] or {}
+        images = header.get("images") if isinstance(header.get("images"), str) else None
+        images = None if images is None else Path(run).parent / images
+    if images is None:
+        return {}
+    # abspath, not resolve: a symlinked images folder inside the run's folder stays inside it
+    return {"images": os.path.relpath(os.path.abspath(images), os.path.dirname(os.path.abspath(out)))}
+
+
 def _check_run_matches(out, samples: list[dict], header: dict, new_run: bool) -> None:
     """Refuse to resume into a run file made by another model or settings, or from other items (the ids
     would collide)."""
@@ -113,7 +130,7 @@ def generate(items, images, out, model=None, backend: str = "hf", distractors: b
     samples = samples[:limit] if limit else samples
     header = {"step": "spy generate", "model": str(model) if generator is None else generator.name,
               "backend": backend, "distractors": distractors, **answer_settings(backend, options, generator),
-              **categories_header(cats)}
+              **categories_header(cats), **images_entry(images, out)}
     _check_run_matches(out, samples, header, new_run)
     own = generator is None
     generator = generator or load_generator(backend, model, **options)
@@ -137,7 +154,7 @@ def self_moderate(run, images, out, model=None, backend: str = "hf", generator=N
     check_outputs([run], [out])
     records = load_answered(run, images)
     header = {"step": "spy self-moderate", "model": str(model) if generator is None else generator.name,
-              "backend": backend, **answer_settings(backend, options, generator)}
+              "backend": backend, **answer_settings(backend, options, generator), **images_entry(images, out)}
     RunFile(out, header=header, new_run=new_run)  # refuses another run's file before the model loads
     own = generator is None
     generator = generator or load_generator(backend, model, **options)
@@ -208,8 +225,8 @@ def judge(run, out, judge_model: str | None = None, base_url: str | None = None,
     cats = as_categories(categories)
     records = _judge_inputs(run, resp_key, cats)
     warn_if_empty(run, records, "spy judge")
-    done = RunFile(out, header={"step": "spy judge", "judge": name, "resp_key": resp_key, **categories_header(cats)},
-                   new_run=new_run)
+    done = RunFile(out, header={"step": "spy judge", "judge": name, "resp_key": resp_key, **categories_header(cats),
+                                **images_entry(None, out, run)}, new_run=new_run)
     todo = []
     for record in records:
         previous = done.get(record["id"])

@@ -21,29 +21,43 @@ from data_prep.errors import InputError
 from data_prep.runs import check_outputs
 
 
+def given_inputs(images=None, spatialtrust_data=None, geo_labels=None, geo_images=None, inputs=None) -> dict:
+    """The inputs named on the command line (they win over what a suite folder or a run header records), over
+    `inputs` (the same layout, e.g. the suite's own, records.suite_inputs)."""
+    given = {section: dict(keys) for section, keys in (inputs or {}).items()}
+    for (section, key), value in {("spy", "images"): images, ("geo", "images"): geo_images,
+                                  ("geo", "labels"): geo_labels, ("spatialtrust", "data"): spatialtrust_data}.items():
+        if value is not None:
+            given.setdefault(section, {})[key] = value
+    return given
+
+
 def build_view(runs: list, out, names: list[str] | None = None, images=None, spatialtrust_data=None,
-               geo_labels=None, title: str | None = None, progress: bool = True) -> Path:
-    """Read every run (validating all of them first), then write the viewer under `out`; returns index.html."""
-    from eval.view.site import check_site_folder, write_site
+               geo_labels=None, title: str | None = None, progress: bool = True, geo_images=None,
+               inputs: dict | None = None) -> Path:
+    """Read every run (validating all of them first), then write the viewer under `out`; returns index.html.
+    `images`, `spatialtrust_data`, `geo_labels`, `geo_images` and `inputs` (per section, as records.suite_inputs
+    gives them) name inputs; they win over the roots a suite folder or run file records."""
+    from eval.view.site import write_site
 
     names = names or [Path(r).name if Path(r).name != "results.json" else Path(r).parent.name for r in runs]
     if len(names) != len(runs) or len(set(names)) != len(names):
         raise InputError("command line", None, "--names", "give one distinct name per run")
     out = Path(out)
-    check_outputs([*runs, images, spatialtrust_data, geo_labels], [], folders=[out])
+    check_outputs([*runs, images, spatialtrust_data, geo_labels, geo_images], [], folders=[out])
     for run in runs:
         if Path(out).resolve() == Path(run).resolve() or Path(run).resolve().is_relative_to(out.resolve()):
             raise InputError(run, None, None, f"is inside --out {out}; choose another --out")
-    check_site_folder(out)
-    rows = load_rows(runs, images, spatialtrust_data, geo_labels)
-    return write_site(rows, names, [str(r) for r in runs], out, title=title or " vs ".join(names), progress=progress)
+    rows = load_rows(runs, given_inputs(images, spatialtrust_data, geo_labels, geo_images, inputs))
+    return write_site(rows, names, out, title=title or " vs ".join(names), progress=progress)
 
 
-def load_rows(runs: list, images=None, spatialtrust_data=None, geo_labels=None) -> list[dict]:
-    """The rows of the runs, one per sample key, with each run's outcome (records.merge_runs)."""
+def load_rows(runs: list, given: dict | None = None) -> list[dict]:
+    """The rows of the runs, one per sample key, with each run's outcome (records.merge_runs); `given` as
+    records.load_run takes it."""
     from eval.view.records import load_run, merge_runs
 
-    rows = merge_runs([load_run(run, images, spatialtrust_data, geo_labels) for run in runs])
+    rows = merge_runs([load_run(run, given) for run in runs])
     if not rows:
         raise InputError(runs[0], None, None, "no samples to show")
     return rows
@@ -77,12 +91,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, help="folder for index.html, its data and image thumbnails")
     parser.add_argument("--names", nargs="+", help="one name per run (default: folder or file names)")
     parser.add_argument("--images", help="folder the run files' image paths start in (SPY-Bench, GeoPrivacy run "
-                                         "files; suite folders know theirs)")
+                                         "files); for a suite folder, its SPY-Bench images (default: the folder "
+                                         "it records, when that lies inside it)")
+    parser.add_argument("--geo-images", help="a suite folder's GeoPrivacy images (default: the folder it records, "
+                                             "when that lies inside it)")
     parser.add_argument("--spatialtrust-data", help="the SpatialTrust data file of SpatialTrust predictions")
     parser.add_argument("--geo-labels", help="GeoPrivacy gold labels (default: the released annotation CSV)")
     parser.add_argument("--title", help="page title (default: the run names)")
     args = parser.parse_args(argv)
     index = build_view(args.runs, args.out, args.names, args.images, args.spatialtrust_data, args.geo_labels,
-                       args.title)
+                       args.title, geo_images=args.geo_images)
     print(f"wrote {index}: open it in a browser (file://{index.resolve()})")
     return 0

@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 
 from data_prep.errors import InputError
-from data_prep.runs import write_text
-from eval.view.records import GEO_GRANULARITY, dumps
+from data_prep.runs import claim_folder, write_text
+from eval.view.records import GEO_GRANULARITY, dumps, safe_text
 
 ASSETS = Path(__file__).parent / "assets"
 CHUNK_ROWS = 2000
@@ -35,9 +35,13 @@ def make_images(path: Path, folder: Path) -> tuple[str, str]:
         if thumb.exists() and full.exists():
             return f"img/{thumb.name}", f"img/{full.name}"
     folder.mkdir(parents=True, exist_ok=True)
-    with Image.open(path) as image:
-        image.load()
-        rgb = image.convert("RGB")
+    try:
+        with Image.open(path) as image:
+            image.load()
+            rgb = image.convert("RGB")
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise InputError(path, None, None, f"not a readable image ({type(err).__name__}); the viewer is left "
+                         "half built: the same command rebuilds it once the image is fixed") from None
     if max(rgb.size) > FULL_SIDE or path.suffix.lower() not in (".jpg", ".jpeg", ".png", ".webp", ".gif"):
         full = resized
         copy = rgb.copy()
@@ -59,14 +63,6 @@ def _save(image, path: Path) -> None:
     tmp.replace(path)
 
 
-def check_site_folder(out: Path) -> None:
-    """The folder may be new, empty, or a viewer we wrote before; anything else is not ours to overwrite."""
-    if out.exists() and not out.is_dir():
-        raise InputError(out, None, None, "is a file; the viewer is a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / "data" / "meta.js").is_file():
-        raise InputError(out, None, None, "is a folder that holds something other than a viewer; choose another --out")
-
-
 def category_names(rows: list[dict]) -> dict:
     """category key -> its display name, per benchmark."""
     from data_prep.categories import as_categories
@@ -86,38 +82,61 @@ def category_names(rows: list[dict]) -> dict:
     return names
 
 
-def write_site(rows: list[dict], run_names: list[str], sources: list[str], out, title: str = "privacy-align samples",
+COMMAND = "eval view"  # the marker (data_prep.runs.claim_folder) that says a folder is a viewer we wrote
+SITE_FILES = {"index.html", "viewer.js", "viewer.css", "data", "img"}
+
+
+def _viewer_before_markers(out: Path) -> bool:
+    """A viewer written before the marker existed: only our files, and our own script (its first line)."""
+    try:
+        script = (out / "viewer.js").read_text(encoding="utf-8")
+        names = {p.name for p in out.iterdir()}
+        data = {p.name for p in (out / "data").iterdir()}
+    except OSError:
+        return False
+    ours = (ASSETS / "viewer.js").read_text(encoding="utf-8").split("\n", 1)[0]
+    return names <= SITE_FILES and script.split("\n", 1)[0] == ours and all(
+        n == "meta.js" or (n.startswith("rows-") and n.endswith(".js")) or n.startswith(".") for n in data)
+
+
+def write_site(rows: list[dict], run_names: list[str], out, title: str = "privacy-align samples",
                progress: bool = True) -> Path:
-    """Write the viewer of `rows` (records.merge_runs) under `out`; returns index.html."""
+    """Write the viewer of `rows` (records.merge_runs) under `out`; returns index.html.
+
+    Everything the page holds is rendered (and encoded) before the folder is touched; the folder must be new,
+    empty or a viewer this command wrote (its marker, written first, so a killed build is one too); index.html is
+    written last."""
     from tqdm.auto import tqdm
 
     out = Path(out)
-    check_site_folder(out)
     images: dict[Path, int] = {}
-    table, shown = [], []
-    for row in tqdm(rows, desc="thumbnails", disable=not progress, mininterval=1.0):
+    sources, shown = [], []
+    for row in rows:
         path = row["image"]
         if path is not None and path not in images:
-            images[path] = len(table)
-            thumb, full = make_images(Path(path), out / "img")
-            table.append({"thumb": thumb, "full": full})
+            images[path] = len(sources)
+            sources.append(Path(path))
         # the site names its own copies only: no path of this machine goes into the page
         shown.append({**{k: v for k, v in row.items() if k != "image"}, "img": images.get(path)})
-    rows = shown
-    chunks = [rows[i: i + CHUNK_ROWS] for i in range(0, len(rows), CHUNK_ROWS)] or [[]]
-    for n, chunk in enumerate(chunks):
-        write_text(out / "data" / f"rows-{n:04d}.js", f"VIEWER.addChunk({n},{dumps(chunk)});\n")
+    chunks = [shown[i: i + CHUNK_ROWS] for i in range(0, len(shown), CHUNK_ROWS)] or [[]]
+    texts = {f"rows-{n:04d}.js": f"VIEWER.addChunk({n},{dumps(chunk)});\n" for n, chunk in enumerate(chunks)}
+    meta = {"title": title, "runs": [{"name": n} for n in run_names], "n_rows": len(shown), "n_chunks": len(chunks),
+            "categories": category_names(shown), "sections": list(dict.fromkeys(r["section"] for r in shown)),
+            "benches": list(dict.fromkeys(r["bench"] for r in shown))}
+    page = (ASSETS / "index.html").read_text(encoding="utf-8").replace("{{title}}", _escape(safe_text(title)))
+    claim_folder(out, COMMAND, own=SITE_FILES if out.is_dir() and _viewer_before_markers(out) else ())
+    table = []
+    for path in tqdm(sources, desc="thumbnails", disable=not progress, mininterval=1.0):
+        thumb, full = make_images(path, out / "img")
+        table.append({"thumb": thumb, "full": full})
+    for name, text in texts.items():
+        write_text(out / "data" / name, text)
     for stale in (out / "data").glob("rows-*.js"):  # a bigger viewer built here before
-        if int(stale.stem.split("-")[1]) >= len(chunks):
+        if stale.name not in texts:
             stale.unlink()
-    meta = {"title": title, "runs": [{"name": n, "source": s} for n, s in zip(run_names, sources)],
-            "n_rows": len(rows), "n_chunks": len(chunks), "images": table, "categories": category_names(rows),
-            "sections": list(dict.fromkeys(r["section"] for r in rows)),
-            "benches": list(dict.fromkeys(r["bench"] for r in rows))}
-    write_text(out / "data" / "meta.js", f"VIEWER.setMeta({dumps(meta)});\n")
+    write_text(out / "data" / "meta.js", f"VIEWER.setMeta({dumps({**meta, 'images': table})});\n")
     for asset in ("viewer.js", "viewer.css"):
         write_text(out / asset, (ASSETS / asset).read_text(encoding="utf-8"))
-    page = (ASSETS / "index.html").read_text(encoding="utf-8").replace("{{title}}", _escape(title))
     write_text(out / "index.html", page)
     return out / "index.html"
 

@@ -1,24 +1,78 @@
 // privacy-align sample viewer. Plain JavaScript, no library, no network: the data arrive as <script> files
 // beside this one (data/meta.js, then data/rows-NNNN.js in order), since a page opened from file:// may not fetch().
+// Nothing from a run file becomes markup: every element is made with the DOM API, text goes in as textContent and
+// attributes through setAttribute (numbers checked first), never through an HTML string.
 "use strict";
 
 const VIEWER = (() => {
   const PAGE = 50;
+  const CLIP = 2000;  // characters of a long text shown in the list; "show all" shows the rest on demand
   const RUN_COLORS = ["#e8590c", "#1c7ed6", "#9c36b5", "#2b8a3e", "#c2255c", "#5f3dc4"];
   const GOLD = "#12b886";
-  const state = { meta: null, rows: [], chunks: 0, filters: {}, page: 0, focus: 0, base: 0, single: null, timer: null, words: [] };
+  // SVG's namespace, from the empty <svg> in index.html (the HTML parser puts it there): no URL in this file
+  const SVG = document.getElementById("svg-namespace").namespaceURI;
+  const state = { meta: null, rows: [], chunks: 0, filters: {}, page: 0, focus: 0, base: 0, single: null, words: [], badLink: false };
   const $ = (sel) => document.querySelector(sel);
-  const esc = (s) => String(s == null ? "" : s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+
+  // el("div", {class: "x", "data-n": 3}, child, "text", ...): attributes set one by one, strings become text nodes.
+  function el(tag, attrs, ...children) {
+    const node = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) if (v != null && v !== false) node.setAttribute(k, v === true ? "" : String(v));
+    append(node, children);
+    return node;
+  }
+  function append(node, children) {
+    for (const c of children.flat(Infinity)) if (c != null && c !== false) node.appendChild(typeof c === "object" ? c : document.createTextNode(String(c)));
+    return node;
+  }
+  const fill = (node, ...children) => { node.replaceChildren(); return append(node, children); };
+  const str = (v) => (v == null ? "" : String(v));
+  const swatch = (color) => { const s = el("span", { class: "swatch" }); s.style.borderColor = color; return s; };
+  // A long text: the first CLIP characters and a button that shows the rest (a 1 MB answer would freeze the list).
+  // The whole text goes in as paragraphs of about PIECE characters cut at a space: Chromium lays out one paragraph
+  // of a megabyte of right-to-left text and emoji in tens of seconds, many short ones in well under one.
+  const PIECE = 4000;
+  const safeCut = (text, at) => (at < text.length && /[\ud800-\udbff]/.test(text[at - 1]) ? at - 1 : at);  // not in a surrogate pair
+  function pieces(text) {
+    const out = [];
+    for (let start = 0; start < text.length;) {
+      let end = Math.min(text.length, start + PIECE);
+      const space = end < text.length ? text.lastIndexOf(" ", end) : -1;
+      end = safeCut(text, space > start + PIECE / 2 ? space + 1 : end);
+      out.push(text.slice(start, end));
+      start = end;
+    }
+    return out;
+  }
+  function longText(tag, cls, text) {
+    text = str(text);
+    const node = el(tag, { class: cls, dir: "auto" });
+    if (text.length <= CLIP) { node.textContent = text; return node; }
+    node.textContent = text.slice(0, safeCut(text, CLIP)) + "…";
+    const more = el("button", { type: "button", class: "more" }, `show all (${text.length.toLocaleString()} characters)`);
+    more.addEventListener("click", () => {
+      fill(node, pieces(text).map((p) => el("span", { class: "piece" }, p)));
+      node.classList.add("all");
+      more.remove();
+    });
+    return el("div", { class: "long" }, node, more);
+  }
 
   // ------------------------------------------------------------------------------------------------ filters
   // Each facet: the values a row has for it (given the focus run and the baseline), and its option labels.
   const outcome = (row, i) => row.runs[i] || null;
   const scoreClass = (o) => (!o || o.score == null ? "none" : o.score === 1 ? "right" : o.score === 0 ? "wrong" : "partial");
+  const binary = (s) => s === 0 || s === 1;
+  // wrong -> right / right -> wrong only when both scores are; a partial score (SpatialTrust) moves up or down
   const change = (row) => {
     const a = outcome(row, state.base), b = outcome(row, state.focus);
     if (!a || !b || a.score == null || b.score == null) return "n/a";
-    return b.score > a.score ? "improved" : b.score < a.score ? "worsened" : "same";
+    if (b.score === a.score) return "same";
+    if (binary(a.score) && binary(b.score)) return b.score > a.score ? "improved" : "worsened";
+    return b.score > a.score ? "score up" : "score down";
   };
+  const CHANGES = { improved: "wrong → right (better)", worsened: "right → wrong (worse)", "score up": "score up (partly right)",
+    "score down": "score down (partly right)", same: "unchanged", "n/a": "not comparable" };
   const FACETS = [
     { name: "section", label: "benchmark / setting", value: (r) => r.section },
     { name: "category", label: "category", value: (r) => r.category, text: (v) => state.meta.categories[v] || v },
@@ -28,8 +82,7 @@ const VIEWER = (() => {
     { name: "correct", label: "correct (focus run)", value: (r) => scoreClass(outcome(r, state.focus)),
       text: (v) => ({ right: "right", wrong: "wrong", partial: "partly right", none: "no score" }[v] || v) },
     { name: "problem", label: "failed / unjudged (focus run)", value: (r) => { const o = outcome(r, state.focus); return o ? o.state : "absent"; } },
-    { name: "changed", label: "outcome changed (baseline → focus)", value: change, multi: true,
-      text: (v) => ({ improved: "wrong → right (better)", worsened: "right → wrong (worse)", same: "unchanged", "n/a": "not comparable" }[v] || v) },
+    { name: "changed", label: "outcome changed (baseline → focus)", value: change, multi: true, text: (v) => CHANGES[v] || v },
   ];
   const textMatch = (row, words) => { const hay = row._hay || haystack(row); return words.every((w) => hay.indexOf(w) >= 0); };
   function passes(row, skip) {
@@ -44,10 +97,12 @@ const VIEWER = (() => {
 
   // ------------------------------------------------------------------------------------------------ metrics
   // Over the filtered rows, per run: the share scored right, and for SPY-Bench the paper's scores computed the way
-  // eval/spy/metrics.py computes them (samples without a respond/reject verdict left out).
+  // eval/spy/metrics.py computes them (samples without a respond/reject verdict left out; the records of one
+  // benchmark_id and instruction variant paired in file order, as it pairs an id given twice).
   const pct = (e, n) => (n ? (100 * e) / n : null);
   function runMetrics(rows, i) {
-    let n = 0, sum = 0, buckets = { acc: [0, 0], conf: [0, 0], rta: [0, 0], ata: [0, 0] };
+    let n = 0, sum = 0;
+    const buckets = { acc: [0, 0], conf: [0, 0], rta: [0, 0], ata: [0, 0] };
     const pairs = new Map();
     for (const row of rows) {
       const o = outcome(row, i);
@@ -59,16 +114,18 @@ const VIEWER = (() => {
       buckets[b][0] += right; buckets[b][1] += 1;
       if (row.scenario === "none") {
         const k = row.section + "\u0000" + row.pair;
-        const p = pairs.get(k) || [null, null, row.absolute];
-        p[row.variant === "private" ? 1 : 0] = o.verdict;
+        const p = pairs.get(k) || [[], [], row.absolute];
+        p[row.variant === "private" ? 1 : 0].push(o.verdict);
         pairs.set(k, p);
       }
     }
-    let ics = [0, 0];
-    for (const [r0, r1, abs] of pairs.values()) {
-      if (r0 == null || r1 == null) continue;
-      ics[1] += 1;
-      ics[0] += abs ? (r0 === "reject" && r1 === "reject") : (r0 === "respond" && r1 === "reject");
+    const ics = [0, 0];
+    for (const [zeros, ones, abs] of pairs.values()) {
+      for (let j = 0; j < Math.min(zeros.length, ones.length); j++) {
+        const r0 = zeros[j], r1 = ones[j];
+        ics[1] += 1;
+        ics[0] += abs ? (r0 === "reject" && r1 === "reject") : (r0 === "respond" && r1 === "reject");
+      }
     }
     const conf = pct(...buckets.conf), rta = pct(...buckets.rta);
     const hms = conf == null || rta == null ? null : conf + rta ? (2 * conf * rta) / (conf + rta) : 0;
@@ -108,8 +165,8 @@ const VIEWER = (() => {
   }
   function haystack(row) {  // built on the first search, not while loading
     const d = row.detail || {};
-    const parts = [row.key, row.category, state.meta.categories[row.category] || "", d.question || "", d.prompt || ""];
-    for (const o of row.runs) if (o) parts.push(o.answer || "", o.verdict || "");
+    const parts = [row.key, row.category, state.meta.categories[row.category] || "", str(d.question), str(d.prompt)];
+    for (const o of row.runs) if (o) parts.push(str(o.answer), str(o.verdict));
     return (row._hay = parts.join("\n").toLowerCase());
   }
 
@@ -117,18 +174,18 @@ const VIEWER = (() => {
   function buildFacets() {
     const box = $("#facets");
     const runs = state.meta.runs;
-    let html = "";
+    const parts = [];
     if (runs.length > 1) {
-      const opts = (sel) => runs.map((r, i) => `<option value="${i}"${i === sel ? " selected" : ""}>${esc(r.name)}</option>`).join("");
-      html += `<label>baseline run <select id="base">${opts(state.base)}</select></label>`;
-      html += `<label>focus run <select id="focus">${opts(state.focus)}</select></label>`;
+      const chooser = (id, label, sel) => el("label", {}, label + " ", el("select", { id },
+        runs.map((r, i) => el("option", { value: i, selected: i === sel }, str(r.name)))));
+      parts.push(chooser("base", "baseline run", state.base), chooser("focus", "focus run", state.focus));
     }
     for (const f of FACETS) {
       if (f.name === "changed" && runs.length < 2) continue;
       if (f.only && !state.meta.benches.includes(f.only)) continue;
-      html += `<label>${esc(f.label)} <select data-facet="${f.name}"><option value="">all</option></select></label>`;
+      parts.push(el("label", {}, f.label + " ", el("select", { "data-facet": f.name }, el("option", { value: "" }, "all"))));
     }
-    box.innerHTML = html;
+    fill(box, parts);
     box.querySelectorAll("select[data-facet]").forEach((s) => s.addEventListener("change", () => { state.filters[s.dataset.facet] = s.value; state.page = 0; clearSingle(); }));
     for (const id of ["base", "focus"]) {
       const s = document.getElementById(id);
@@ -147,7 +204,13 @@ const VIEWER = (() => {
   }
   function readHash() {
     const m = /^#id=(.+)$/.exec(location.hash);
-    state.single = m ? decodeURIComponent(m[1]) : null;
+    state.badLink = false;
+    try {
+      state.single = m ? decodeURIComponent(m[1]) : null;
+    } catch (e) {  // a malformed escape (#id=%E0%A4%A): show everything, and say so
+      state.single = null;
+      state.badLink = true;
+    }
   }
 
   // ------------------------------------------------------------------------------------------------ render
@@ -165,142 +228,184 @@ const VIEWER = (() => {
       if (current && !counts.has(current)) values.push(current);
       values.sort((a, b) => String(a).localeCompare(String(b), undefined, { numeric: true }));
       let total = 0; counts.forEach((c) => { total += c; });
-      select.innerHTML = `<option value="">all (${total})</option>` + values.map((v) =>
-        `<option value="${esc(v)}" data-count="${counts.get(v) || 0}"${v === current ? " selected" : ""}>${esc(f.text ? f.text(v) : v)} (${counts.get(v) || 0})</option>`).join("");
+      fill(select, el("option", { value: "" }, `all (${total})`), values.map((v) =>
+        el("option", { value: str(v), "data-count": counts.get(v) || 0, selected: v === current }, `${str(f.text ? f.text(v) : v)} (${counts.get(v) || 0})`)));
     }
     $("#count").textContent = shown.length;
     $("#count").dataset.n = shown.length;
     $("#single").hidden = state.single == null;
+    $("#badlink").hidden = !state.badLink;
     renderMetrics(shown);
     renderChanges();
     const pages = Math.max(1, Math.ceil(shown.length / PAGE));
     state.page = Math.min(state.page, pages - 1);
     document.querySelectorAll(".pager").forEach((nav) => {
-      nav.innerHTML = `<button data-go="-1"${state.page ? "" : " disabled"}>‹ previous</button>
-        <span class="pageinfo">page ${state.page + 1} of ${pages}</span>
-        <button data-go="1"${state.page < pages - 1 ? "" : " disabled"}>next ›</button>`;
-      nav.querySelectorAll("button").forEach((b) => b.addEventListener("click", () => { state.page += +b.dataset.go; update(); window.scrollTo(0, 0); }));
+      const go = (step, label, enabled) => {
+        const b = el("button", { "data-go": step, disabled: !enabled }, label);
+        b.addEventListener("click", () => { state.page += step; update(); window.scrollTo(0, 0); });
+        return b;
+      };
+      fill(nav, go(-1, "‹ previous", state.page > 0), " ", el("span", { class: "pageinfo" }, `page ${state.page + 1} of ${pages}`), " ",
+        go(1, "next ›", state.page < pages - 1));
     });
     const page = shown.slice(state.page * PAGE, (state.page + 1) * PAGE);
-    $("#list").innerHTML = page.map(card).join("");
-    $("#list").querySelectorAll(".frame").forEach((f) => f.addEventListener("click", () => openLightbox(+f.dataset.row)));
+    fill($("#list"), page.map(card));
     if (state.single != null && page.length) document.querySelector(".card").scrollIntoView();
   }
   const fmt = (v) => (v == null ? "–" : v.toFixed(1));
   function renderMetrics(rows) {
-    $("#metrics").innerHTML = state.meta.runs.map((run, i) => {
+    const lines = [];
+    state.meta.runs.forEach((run, i) => {
       const m = runMetrics(rows, i);
       const cells = Object.entries(m).filter(([k]) => k !== "n").map(([k, v]) =>
-        `<span class="metric" data-run="${i}" data-name="${esc(k)}" data-value="${v == null ? "" : v}">${esc(k === "right" ? "right %" : k)} <b>${fmt(v)}</b></span>`);
-      return `<span class="run"><span class="swatch" style="border-color:${RUN_COLORS[i % RUN_COLORS.length]}"></span><b>${esc(run.name)}</b> (n=${m.n}): ${cells.join("")}</span>`;
-    }).join("<br>");
+        el("span", { class: "metric", "data-run": i, "data-name": k, "data-value": v == null ? "" : v }, (k === "right" ? "right %" : k) + " ", el("b", {}, fmt(v))));
+      if (i) lines.push(el("br"));
+      lines.push(el("span", { class: "run" }, swatch(RUN_COLORS[i % RUN_COLORS.length]), el("b", {}, str(run.name)), ` (n=${m.n}): `, cells));
+    });
+    fill($("#metrics"), lines);
   }
   function renderChanges() {
     const box = $("#changes");
-    if (state.meta.runs.length < 2) { box.innerHTML = ""; return; }
+    if (state.meta.runs.length < 2) { fill(box); return; }
+    const KINDS = ["improved", "worsened", "score up", "score down"];
     const per = new Map();
-    let better = 0, worse = 0;
+    const totals = Object.fromEntries(KINDS.map((k) => [k, 0]));
     for (const row of state.rows) {
       if (!passes(row, "changed")) continue;
       const c = change(row);
-      if (c !== "improved" && c !== "worsened") continue;
-      const p = per.get(row.category) || [0, 0];
-      p[c === "improved" ? 0 : 1] += 1; per.set(row.category, p);
-      if (c === "improved") better += 1; else worse += 1;
+      if (!KINDS.includes(c)) continue;
+      const p = per.get(row.category) || [0, 0, 0, 0];
+      p[KINDS.indexOf(c)] += 1; per.set(row.category, p);
+      totals[c] += 1;
     }
-    const names = state.meta.runs.map((r) => r.name);
-    const rows = [...per.entries()].sort((a, b) => (b[1][0] + b[1][1]) - (a[1][0] + a[1][1]));
-    box.innerHTML = `<div>${esc(names[state.base])} → ${esc(names[state.focus])}: <b class="ok" id="n-improved">${better}</b> wrong → right,
-      <b class="bad" id="n-worsened">${worse}</b> right → wrong</div>` + (rows.length ? `<table id="per-category"><tr><th>category</th><th>wrong → right</th><th>right → wrong</th></tr>` +
-      rows.slice(0, 12).map(([c, [b, w]]) => `<tr data-category="${esc(c)}"><td>${esc(state.meta.categories[c] || c)}</td><td>${b}</td><td>${w}</td></tr>`).join("") +
-      (rows.length > 12 ? `<tr><td colspan="3">… ${rows.length - 12} more categories</td></tr>` : "") + "</table>" : "");
+    const names = state.meta.runs.map((r) => str(r.name));
+    const partial = totals["score up"] + totals["score down"] > 0;  // only SpatialTrust has partial scores
+    const shownKinds = partial ? KINDS : KINDS.slice(0, 2);
+    const heads = { improved: "wrong → right", worsened: "right → wrong", "score up": "score up", "score down": "score down" };
+    const ids = { improved: "n-improved", worsened: "n-worsened", "score up": "n-score-up", "score down": "n-score-down" };
+    const summary = el("div", {}, `${names[state.base]} → ${names[state.focus]}: `, shownKinds.map((k, j) =>
+      [j ? ", " : "", el("b", { class: k === "improved" || k === "score up" ? "ok" : "bad", id: ids[k] }, totals[k]), " " + heads[k]]));
+    const rows = [...per.entries()].sort((a, b) => b[1].reduce((x, y) => x + y, 0) - a[1].reduce((x, y) => x + y, 0));
+    const table = rows.length ? el("table", { id: "per-category" },
+      el("tr", {}, el("th", {}, "category"), shownKinds.map((k) => el("th", {}, heads[k]))),
+      rows.slice(0, 12).map(([c, counts]) => el("tr", { "data-category": c }, el("td", {}, str(state.meta.categories[c] || c)),
+        shownKinds.map((k) => el("td", {}, counts[KINDS.indexOf(k)])))),
+      rows.length > 12 ? el("tr", {}, el("td", { colspan: shownKinds.length + 1 }, `… ${rows.length - 12} more categories`)) : null) : null;
+    fill(box, summary, table);
   }
 
+  // A box as four finite numbers, or null: the page never draws anything else (site.py checks them as well).
+  const box4 = (b) => (Array.isArray(b) && b.length === 4 && b.every((v) => typeof v === "number" && Number.isFinite(v)) ? b : null);
   function boxesSvg(row, runs) {
-    if (row.bench !== "st" || !row.size) return "";
-    const [w, h] = row.size;
-    const rect = (b, color, dash, label) => b && b.length === 4 ? `<rect class="box" data-kind="${dash ? "gold" : "pred"}" x="${b[0]}" y="${b[1]}" width="${b[2] - b[0]}" height="${b[3] - b[1]}" fill="none" stroke="${color}" stroke-width="${Math.max(2, w / 200)}"${dash ? ` stroke-dasharray="${w / 80}"` : ""}><title>${esc(label)}</title></rect>` : "";
-    let out = "";
-    for (const q of row.detail.questions) for (const ev of q.evidence || []) out += rect(ev.box, GOLD, true, `gold ${q.qid} ${ev.option || ev.factor || ""}`);
+    if (row.bench !== "st" || !Array.isArray(row.size)) return null;
+    const [w, h] = row.size.map(Number);
+    if (!(w > 0 && h > 0)) return null;
+    const svg = el("svg:svg", { viewBox: `0 0 ${w} ${h}`, preserveAspectRatio: "none" });
+    const rect = (raw, color, gold, label) => {
+      const b = box4(raw);
+      if (!b) return;
+      svg.appendChild(el("svg:rect", { class: "box", "data-kind": gold ? "gold" : "pred", x: b[0], y: b[1], width: b[2] - b[0], height: b[3] - b[1],
+        fill: "none", stroke: color, "stroke-width": Math.max(2, w / 200), "stroke-dasharray": gold ? w / 80 : null }, el("svg:title", {}, label)));
+    };
+    for (const q of (row.detail || {}).questions || []) for (const ev of q.evidence || []) rect(ev.box, GOLD, true, `gold ${str(q.qid)} ${str(ev.option || ev.factor)}`);
     runs.forEach((i) => {
       const o = outcome(row, i);
       if (!o) return;
-      const p = o.extra.prediction || {};
-      for (const q of ["q2", "q3"]) for (const [opt, list] of Object.entries((p[q] || {}).boxes || {})) for (const b of list || []) out += rect(b, RUN_COLORS[i % RUN_COLORS.length], false, `${state.meta.runs[i].name} ${q} ${opt}`);
-      for (const q of ["q4", "q5"]) for (const b of (p[q] || {}).boxes || []) out += rect(b, RUN_COLORS[i % RUN_COLORS.length], false, `${state.meta.runs[i].name} ${q}`);
+      const p = (o.extra || {}).prediction || {};
+      const color = RUN_COLORS[i % RUN_COLORS.length], name = str(state.meta.runs[i].name);
+      for (const q of ["q2", "q3"]) {
+        const boxes = (p[q] || {}).boxes;
+        if (boxes && typeof boxes === "object" && !Array.isArray(boxes)) for (const [opt, list] of Object.entries(boxes)) if (Array.isArray(list)) for (const b of list) rect(b, color, false, `${name} ${q} ${opt}`);
+      }
+      for (const q of ["q4", "q5"]) {
+        const boxes = (p[q] || {}).boxes;
+        if (Array.isArray(boxes)) for (const b of boxes) rect(b, color, false, `${name} ${q}`);
+      }
     });
-    return `<svg viewBox="0 0 ${w} ${h}" preserveAspectRatio="none">${out}</svg>`;
+    return svg;
   }
   function frame(row, full) {
-    if (row.img == null) return `<div class="noimage">no image</div>`;
-    const image = state.meta.images[row.img];
-    return `<div class="frame" data-row="${row._n}"><img src="${esc(full ? image.full : image.thumb)}" alt="${esc(row.key)}" loading="lazy">${boxesSvg(row, state.meta.runs.map((_, i) => i))}</div>`;
+    const image = row.img == null ? null : state.meta.images[row.img];
+    if (!image) return el("div", { class: "noimage" }, "no image");
+    const node = el("div", { class: "frame", "data-row": row._n }, el("img", { src: full ? image.full : image.thumb, alt: row.key, loading: "lazy" }),
+      boxesSvg(row, state.meta.runs.map((_, i) => i)));
+    if (!full) node.addEventListener("click", () => openLightbox(row._n));
+    return node;
   }
   function openLightbox(n) {
-    const row = state.rows[n];
     const box = $("#lightbox");
-    box.innerHTML = frame(row, true);
+    fill(box, frame(state.rows[n], true));
     box.hidden = false;
-    box.onclick = () => { box.hidden = true; box.innerHTML = ""; };
+    box.onclick = () => { box.hidden = true; fill(box); };
   }
 
-  function itemHtml(row) {
+  function itemNodes(row) {
     const d = row.detail || {};
+    const label = (...text) => el("div", { class: "label" }, ...text);
     if (row.bench === "spy") {
-      const lines = (d.instructions || []).map((l) => `<li class="${l.private ? "private" : ""}${l.target ? " target" : ""}">${esc(l.text)}</li>`).join("");
-      return `<div class="label">instructions (red: marks a category private; bold: the one asked about)</div><ol class="instr">${lines}</ol>` +
-        (d.prompt ? `<div class="label">scenario ${esc(d.scenario_id || "")} ${esc(d.scenario_name || "")}</div><div class="prompt">${esc(d.prompt)}</div>` : "") +
-        `<div class="label">question</div><div class="question">${esc(d.question)}</div>` +
-        `<div class="label">expected verdict: <b>${esc(row.expected)}</b></div>`;
+      const lines = (d.instructions || []).map((l) => el("li", { class: (l.private ? "private" : "") + (l.target ? " target" : ""), dir: "auto" }, str(l.text)));
+      return [label("instructions (red: marks a category private; bold: the one asked about)"), el("ol", { class: "instr" }, lines),
+        d.prompt ? [label(`scenario ${str(d.scenario_id)} ${str(d.scenario_name)}`), longText("div", "prompt", d.prompt)] : null,
+        label("question"), longText("div", "question", d.question),
+        label("expected verdict: ", el("b", {}, str(row.expected)))];
     }
     if (row.bench === "geo") {
-      const qs = Object.keys(d.gold || {});
-      const head = `<tr><th></th>${qs.map((q) => `<th>${q}</th>`).join("")}</tr>`;
-      const gold = `<tr><th>gold</th>${qs.map((q) => `<td>${esc(d.gold[q])}</td>`).join("")}</tr>`;
+      const gold = d.gold || {};
+      const qs = Object.keys(gold);
       const runs = state.meta.runs.map((run, i) => {
         const o = outcome(row, i);
-        const a = o ? o.extra.answers || {} : {};
-        return `<tr><th>${esc(run.name)}</th>${qs.map((q) => `<td class="${a[q] == null ? "none" : String(a[q]).charAt(0) === d.gold[q] ? "ok" : "bad"}">${esc(a[q] == null ? "–" : a[q])}</td>`).join("")}</tr>`;
-      }).join("");
-      return `<table class="qa geo">${head}${gold}${runs}</table><div class="label">Q7 = the granularity the model should disclose (A abstain, B country/city, C exact)</div>`;
+        const a = o ? (o.extra || {}).answers || {} : {};
+        return el("tr", {}, el("th", {}, str(run.name)), qs.map((q) =>
+          el("td", { class: a[q] == null ? "none" : String(a[q]).charAt(0) === gold[q] ? "ok" : "bad" }, a[q] == null ? "–" : str(a[q]))));
+      });
+      return [el("table", { class: "qa geo" }, el("tr", {}, el("th"), qs.map((q) => el("th", {}, q))),
+        el("tr", {}, el("th", {}, "gold"), qs.map((q) => el("td", {}, str(gold[q])))), runs),
+        label("Q7 = the granularity the model should disclose (A abstain, B country/city, C exact)")];
     }
     const qs = d.questions || [];
-    return `<table class="qa st"><tr><th>q</th><th>question</th><th>gold</th>${state.meta.runs.map((r) => `<th>${esc(r.name)}</th>`).join("")}</tr>` + qs.map((q) => {
-      const gold = Array.isArray(q.answer) ? q.answer.map((a) => `${a}: ${(q.options || {})[a] || ""}`).join("; ") : q.answer;
+    const head = el("tr", {}, el("th", {}, "q"), el("th", {}, "question"), el("th", {}, "gold"), state.meta.runs.map((r) => el("th", {}, str(r.name))));
+    const lines = qs.map((q) => {
+      const options = q.options && typeof q.options === "object" ? q.options : {};
+      const gold = Array.isArray(q.answer) ? q.answer.map((a) => `${str(a)}: ${str(options[a])}`).join("; ") : str(q.answer);
       const cells = state.meta.runs.map((_, i) => {
         const o = outcome(row, i);
-        if (!o) return "<td class=none>–</td>";
-        const p = (o.extra.prediction || {})[q.qid] || {};
-        const s = (o.extra.scores || {})[q.qid];
-        const said = p.choices ? p.choices.join(", ") : p.text || (p.error ? "unreadable: " + p.error : "–");
-        return `<td class="${s === 1 ? "ok" : s === 0 ? "bad" : ""}">${esc(said)} <span class="label">(${s == null ? "–" : (100 * s).toFixed(0)})</span></td>`;
-      }).join("");
-      return `<tr><td>${q.qid}</td><td>${esc(q.text)}</td><td>${esc(gold)}</td>${cells}</tr>`;
-    }).join("") + `</table><div class="label"><span class="swatch" style="border-color:${GOLD}"></span>gold boxes (dashed); run colours: predicted boxes</div>`;
+        if (!o) return el("td", { class: "none" }, "–");
+        const p = ((o.extra || {}).prediction || {})[q.qid] || {};
+        const s = ((o.extra || {}).scores || {})[q.qid];
+        const said = Array.isArray(p.choices) ? p.choices.map(str).join(", ") : p.text ? str(p.text) : p.error ? "unreadable: " + str(p.error) : "–";
+        return el("td", { class: s === 1 ? "ok" : s === 0 ? "bad" : null }, longText("span", "said", said), " ",
+          el("span", { class: "label" }, `(${typeof s === "number" ? (100 * s).toFixed(0) : "–"})`));
+      });
+      return el("tr", {}, el("td", {}, str(q.qid)), el("td", { dir: "auto" }, str(q.text)), el("td", { dir: "auto" }, gold), cells);
+    });
+    return [el("table", { class: "qa st" }, head, lines), label(swatch(GOLD), "gold boxes (dashed); run colours: predicted boxes")];
   }
-  function answerHtml(row, i) {
+  function answerNode(row, i) {
     const o = outcome(row, i);
-    const name = esc(state.meta.runs[i].name);
-    const color = RUN_COLORS[i % RUN_COLORS.length];
-    if (!o) return `<div class="answer" data-run="${i}"><h4><span class="swatch" style="border-color:${color}"></span>${name}</h4><span class="none">not in this run</span></div>`;
-    const changed = state.meta.runs.length > 1 && i === state.focus && ["improved", "worsened"].includes(change(row));
-    const agree = o.score == null ? `<span class="none">${esc(o.state)}</span>` : o.score === 1 ? `<span class="ok">✓ right</span>` : o.score === 0 ? `<span class="bad">✗ wrong</span>` : `<span>score ${(100 * o.score).toFixed(0)}</span>`;
-    const verdict = row.bench === "st" ? "" : `<span class="label">${row.bench === "geo" ? "granularity" : "verdict"}:</span> <span class="verdict">${esc(o.verdict == null ? "–" : o.verdict)}</span>` +
-      (row.expected != null ? ` <span class="label">expected:</span> ${esc(row.expected)} ` : " ");
-    const raw = o.extra && o.extra.judge_output ? `<div class="label">judge said: ${esc(o.extra.judge_output)}</div>` : "";
-    return `<div class="answer${changed ? " changed" : ""}" data-run="${i}"><h4><span class="swatch" style="border-color:${color}"></span>${name}</h4>` +
-      (o.answer != null ? `<pre>${esc(o.answer)}</pre>` : "") + `${verdict}${agree}${raw}</div>`;
+    const title = el("h4", {}, swatch(RUN_COLORS[i % RUN_COLORS.length]), str(state.meta.runs[i].name));
+    if (!o) return el("div", { class: "answer", "data-run": i }, title, el("span", { class: "none" }, "not in this run"));
+    const c = change(row);
+    const changed = state.meta.runs.length > 1 && i === state.focus && c !== "same" && c !== "n/a";
+    const agree = o.score == null ? el("span", { class: "none" }, str(o.state)) : o.score === 1 ? el("span", { class: "ok" }, "✓ right")
+      : o.score === 0 ? el("span", { class: "bad" }, "✗ wrong") : el("span", {}, `score ${(100 * o.score).toFixed(0)}`);
+    const verdict = row.bench === "st" ? [] : [el("span", { class: "label" }, row.bench === "geo" ? "granularity:" : "verdict:"), " ",
+      el("span", { class: "verdict" }, o.verdict == null ? "–" : str(o.verdict)),
+      row.expected != null ? [" ", el("span", { class: "label" }, "expected:"), " " + str(row.expected) + " "] : " "];
+    const judge = o.extra && o.extra.judge_output ? el("div", { class: "label" }, "judge said: ", longText("span", "judge", o.extra.judge_output)) : null;
+    return el("div", { class: "answer" + (changed ? " changed" : ""), "data-run": i }, title,
+      o.answer != null ? longText("pre", "said", o.answer) : null, verdict, agree, judge);
   }
   function card(row) {
-    const chips = [`<span class="chip">${esc(row.section)}</span>`, `<span class="chip">${esc(state.meta.categories[row.category] || row.category)}</span>`];
-    if (row.absolute) chips.push(`<span class="chip abs">absolute</span>`);
-    if (row.scenario) chips.push(`<span class="chip ${esc(row.scenario)}">scenario: ${esc(row.scenario)}</span>`);
-    if (row.variant) chips.push(`<span class="chip">instruction: ${esc(row.variant)}</span>`);
-    const runs = state.meta.runs.map((_, i) => answerHtml(row, i)).join("");
-    return `<article class="card${state.single === row.key ? " target" : ""}" data-key="${esc(row.key)}">
-      <header><a class="key" elementtiming="card" href="#id=${encodeURIComponent(row.key)}">${esc(row.key)}</a>${chips.join("")}</header>
-      <div class="body"><div class="media">${frame(row, false)}</div><div class="text">${itemHtml(row)}</div></div>
-      <div class="answers" style="grid-template-columns:repeat(${state.meta.runs.length},minmax(0,1fr))">${runs}</div></article>`;
+    const chips = [el("span", { class: "chip" }, str(row.section)), el("span", { class: "chip" }, str(state.meta.categories[row.category] || row.category))];
+    if (row.absolute) chips.push(el("span", { class: "chip abs" }, "absolute"));
+    if (row.scenario) chips.push(el("span", { class: "chip " + (["none", "conflict", "privacy"].includes(row.scenario) ? row.scenario : "") }, "scenario: " + str(row.scenario)));
+    if (row.variant) chips.push(el("span", { class: "chip" }, "instruction: " + str(row.variant)));
+    const answers = el("div", { class: "answers" }, state.meta.runs.map((_, i) => answerNode(row, i)));
+    answers.style.gridTemplateColumns = `repeat(${state.meta.runs.length},minmax(0,1fr))`;
+    return el("article", { class: "card" + (state.single === row.key ? " target" : ""), "data-key": row.key },
+      el("header", {}, el("a", { class: "key", elementtiming: "card", href: "#id=" + encodeURIComponent(row.key) }, str(row.key)), chips),
+      el("div", { class: "body" }, el("div", { class: "media" }, frame(row, false)), el("div", { class: "text" }, itemNodes(row))),
+      answers);
   }
 
   window.addEventListener("hashchange", () => { readHash(); if (state.meta) update(); });
