@@ -251,6 +251,7 @@ def enable_packing(model) -> None:
     fused_forward = top.forward
     text_config = top.config.get_text_config()
 
+    @functools.wraps(type(top).forward)  # keep the signature: `generate` (GRPO's rollouts) checks kwargs against it
     def packed_forward(self, *args, **kwargs):
         if "packed_input_ids" not in kwargs:
             return fused_forward(*args, **kwargs)
