@@ -71,12 +71,12 @@ def main():
     # args
     script_args, training_args, model_args = parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)
     check_grpo(script_args, training_args)
-    check_run(script_args, training_args, model_args)
     cache = training_args.judge_cache or str(Path(training_args.output_dir) / "judge_cache.jsonl")
     judge = VerdictJudge(JudgeSettings(  # an LLM judge without its key fails here
         training_args.judge, training_args.judge_base_url, training_args.judge_api_key_env,
         training_args.judge_concurrency, training_args.judge_max_retries, training_args.judge_timeout, cache,
         script_args.categories))
+    check_run(script_args, training_args, model_args)
     # data, all of it checked before the model loads
     train_dataset, eval_dataset = load_datasets("grpo", script_args, training_args.seed,
                                                 general_fraction=training_args.general_fraction)
