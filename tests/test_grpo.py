@@ -25,8 +25,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from data_prep.families import supports_packing
 from data_prep.spy_tune import build_dataset
 from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer
-from losses.rewards import (JudgeSettings, VerdictJudge, answer_match, compliance, helpfulness_score,
-                            make_reward_funcs)
+from losses.rewards import JudgeSettings, VerdictJudge, answer_match, compliance, helpfulness_score, make_reward_funcs
 from train.tiny_model import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
