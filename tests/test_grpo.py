@@ -269,3 +269,40 @@ def test_grpo_trains_from_sft_with_the_rule_judge_and_resumes(sft_checkpoint, gr
         assert late[e["step"]]["reward"] == pytest.approx(e["reward"], abs=1e-6)
     final = load_file(resumed / "model.safetensors")
     assert max((final[k] - trained[k]).abs().max().item() for k in trained) < 1e-6
+
+
+def launch_fixed(data, model, out, config, *overrides):
+    from test_multiprocess import free_port
+
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(ROOT / "accelerate_configs" / config),
+               *(["--main_process_port", str(free_port())] if "2proc" in config else []),
+               str(ROOT / "tests" / "grpo_fixed_rollouts.py"), str(ROOT / "recipes" / "demo" / "grpo.yaml"),
+               "--model_name_or_path", str(model), "--train_data_path", str(data / "train_data.json"),
+               "--image_folder", str(data), "--output_dir", str(out), "--max_steps", "2", "--logging_steps", "1",
+               "--save_strategy", "no", "--learning_rate", "1e-3", "--warmup_steps", "0", "--num_generations", "4",
+               "--max_completion_length", "16", *overrides]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "TRL_EXPERIMENTAL_SILENCE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((out / "train_metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(tiny_model_dir, grpo_data, tmp_path):
+    """2 processes x 1 group (packed) against 1 process x 2 groups (unpacked), on the same fixed rollouts: the same
+    loss, rewards and KL per step, the same weights (advantages are computed from every process's rewards)."""
+    from safetensors.torch import load_file
+
+    a = launch_fixed(grpo_data, tiny_model_dir, tmp_path / "a", "cpu_2proc.yaml", "--per_device_train_batch_size", "4")
+    b = launch_fixed(grpo_data, tiny_model_dir, tmp_path / "b", "cpu.yaml", "--per_device_train_batch_size", "8",
+                     "--packed", "false")
+    steps_a, steps_b = ([e for e in h if "loss" in e] for h in (a, b))
+    assert [e["step"] for e in steps_a] == [e["step"] for e in steps_b] == [1, 2]
+    assert steps_a[0]["reward_std"] > 0  # the fixed answers differ in reward: advantages are not all zero
+    for x, y in zip(steps_a, steps_b):
+        for k in ("loss", "grad_norm", "reward", "reward_std", "kl", "rewards/privacy_compliance/mean",
+                  "rewards/helpfulness/mean"):
+            assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-5), (x["step"], k)
+    wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-4
