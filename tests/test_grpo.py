@@ -306,3 +306,19 @@ def test_two_processes_train_like_one(tiny_model_dir, grpo_data, tmp_path):
             assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-5), (x["step"], k)
     wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-4
+
+
+def test_grpo_is_an_opt_in_method_of_the_tuned_study(tmp_path):
+    """`--methods ... grpo`: its learning rate, then its KL beta, swept around recipes/study/grpo.yaml's; the default
+    method list (and a study folder made before) stays the four offline methods; GRPO is paired with NCA-P and DPO."""
+    from train.study import parse
+    from train.study_tuned import PAIRS, sweep_points
+
+    args, _ = parse(["--protocol", "tuned", "--methods", "nca_p", "grpo", "--out", str(tmp_path / "s")])
+    assert args.methods == ["nca_p", "grpo"]
+    assert parse(["--protocol", "tuned", "--out", str(tmp_path / "s")])[0].methods == ["sft", "dpo", "nca", "nca_p"]
+    lr = [p["learning_rate"] for p in sweep_points("grpo", [1 / 3, 1, 3])]
+    assert lr == pytest.approx([3e-4, 1e-4, 9e-4])
+    betas = [p["beta"] for p in sweep_points("grpo", [1 / 3, 1, 3], best_lr=3e-4)]
+    assert betas == pytest.approx([0.04, 0.04 / 3, 0.12])
+    assert {("grpo", "nca_p"), ("grpo", "dpo")} <= set(PAIRS)
