@@ -322,3 +322,24 @@ def test_grpo_is_an_opt_in_method_of_the_tuned_study(tmp_path):
     betas = [p["beta"] for p in sweep_points("grpo", [1 / 3, 1, 3], best_lr=3e-4)]
     assert betas == pytest.approx([0.04, 0.04 / 3, 0.12])
     assert {("grpo", "nca_p"), ("grpo", "dpo")} <= set(PAIRS)
+
+
+def test_grpo_prompts_carry_what_the_rewards_need(grpo_data):
+    """Every SFT case as a prompt with SPY's expected verdict and its reference answer; `general_fraction` of the
+    rows from the general task (exact-match answers); the general file is refused for the offline methods."""
+    from data_prep.errors import InputError
+
+    spy_only = build_dataset("grpo", grpo_data / "train_data.json", grpo_data, add_distractors=False, shuffle=False)
+    sft = build_dataset("sft", grpo_data / "train_data.json", grpo_data, add_distractors=False, shuffle=False)
+    assert len(spy_only) == len(sft)
+    for row, case in zip(spy_only, sft):
+        assert row["prompt"] == case["prompt"] and row["task"] == "spy"
+        # the SFT answer is the expected behaviour: a refusal exactly where the verdict is reject
+        assert row["answer"] == case["completion"][0]["content"]
+        assert row["expected_verdict"] in ("respond", "reject")
+    mixed = build_dataset("grpo", grpo_data / "train_data.json", grpo_data, add_distractors=False,
+                          general_path=grpo_data / "general_train.json", general_fraction=0.25)
+    general = [r for r in mixed if r["task"] == "general"]
+    assert len(general) == round(len(spy_only) / 3) and all(r["expected_verdict"] == "respond" for r in general)
+    with pytest.raises(InputError, match="only SFT and GRPO"):
+        build_dataset("dpo", grpo_data / "train_data.json", grpo_data, general_path=grpo_data / "general_train.json")
