@@ -25,7 +25,7 @@ Qwen3-VL's 16-pixel ones, so every family sees the same number of image tokens.
 - `grpo_packed_speedup`: our packed GRPO step (the reference's log-prob pass, the policy's with the loss, backward,
   the optimizer step: losses/grpo_trainer.py) against stock `trl.GRPOTrainer`'s on the same rollouts, G = 8
   completions of up to 16 tokens per ~300-token image prompt; the rollouts' generation (transformers `generate`,
-  the same for both) is timed separately (`grpo_generation_s`), the step memory as `grpo_packed_step_memory_ratio`;
+  the same for both) is timed separately (`grpo_generation_s`), the step memory as `grpo_step_memory_ratio`;
 - `dpo_vs_stock_trl_speedup`: our DPO step (packed, live reference) against stock `trl.DPOTrainer`'s on the same
   pairs (its own vision collator: every image repeated).
 
