@@ -71,10 +71,12 @@ def main():
     # args
     script_args, training_args, model_args = parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)
     check_grpo(script_args, training_args)
-    cache = training_args.judge_cache or str(Path(training_args.output_dir) / "judge_cache.jsonl")
+    cache = Path(training_args.judge_cache or Path(training_args.output_dir) / "judge_cache.jsonl")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process judges its own completions: one cache file each
+        cache = cache.with_name(f"{cache.stem}-rank{os.environ.get('RANK', '0')}{cache.suffix}")
     judge = VerdictJudge(JudgeSettings(  # an LLM judge without its key fails here
         training_args.judge, training_args.judge_base_url, training_args.judge_api_key_env,
-        training_args.judge_concurrency, training_args.judge_max_retries, training_args.judge_timeout, cache,
+        training_args.judge_concurrency, training_args.judge_max_retries, training_args.judge_timeout, str(cache),
         script_args.categories))
     check_run(script_args, training_args, model_args)
     # data, all of it checked before the model loads
