@@ -7,7 +7,9 @@
   and the run stops with one line past `max_missing_reward_share` (a real local HTTP judge that fails on purpose);
 - the rewards' scores; bad reward names, weights and judge settings are one line (exit 2) before any model loads;
 - GRPO trains from an SFT checkpoint with the rule judge (reward logged, model saved and reloadable), and a resume
-  from a checkpoint ends where the uninterrupted run ends.
+  from a checkpoint ends where the uninterrupted run ends (it fails when the checkpoint's RNG state is dropped);
+- two CPU processes (packed) train like one (unpacked) on the same rollouts (tests/grpo_fixed_rollouts.py);
+- the GRPO prompts, and GRPO as an opt-in method of the tuned study.
 """
 
 import json
