@@ -19,6 +19,15 @@ Qwen3-VL's 16-pixel ones, so every family sees the same number of image tokens.
 
     python benchmarks/train_step.py [--family qwen3_vl] [--configs tiny,heavy,lm_heavy] [--reps 3] [--batch-size 2] [--lora]
                                     [--json benchmarks/results/train_step_cpu.json]
+    python benchmarks/train_step.py --configs grpo --json benchmarks/results/train_step_grpo_cpu.json
+
+`--configs grpo` (on the lm_heavy model) compares against the stock TRL trainers, side by side on one batch:
+- `grpo_packed_speedup`: our packed GRPO step (the reference's log-prob pass, the policy's with the loss, backward,
+  the optimizer step: losses/grpo_trainer.py) against stock `trl.GRPOTrainer`'s on the same rollouts, G = 8
+  completions of up to 16 tokens per ~300-token image prompt; the rollouts' generation (transformers `generate`,
+  the same for both) is timed separately (`grpo_generation_s`), the step memory as `grpo_step_memory_ratio`;
+- `dpo_vs_stock_trl_speedup`: our DPO step (packed, live reference) against stock `trl.DPOTrainer`'s on the same
+  pairs (its own vision collator: every image repeated).
 
 Peak memory: the process holds every configuration at once, so its RSS high-water mark says nothing about one of
 them. Per configuration we report `state` (bytes of the tensors it keeps between steps: policy weights, optimizer
@@ -30,6 +39,7 @@ high-water mark, with glibc told to return large blocks to the OS at once), and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -274,6 +284,151 @@ def method_ratios(method: str, variants: dict) -> dict:
     return out
 
 
+# ---- against the stock TRL trainers (--configs grpo) ------------------------------------------------------------------
+
+GRPO_G, GRPO_PROMPTS, GRPO_COMPLETION = 8, 2, 16
+
+
+def make_grpo_trainer(stock: bool, model_dir, data_dir, out_dir, lora):
+    from peft import LoraConfig
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from trl import GRPOConfig, GRPOTrainer
+
+    from data_prep.spy_tune import build_dataset
+    from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer
+    from losses.rewards import JudgeSettings, VerdictJudge, make_reward_funcs
+
+    dataset = build_dataset("grpo", data_dir / "train_data.json", data_dir, add_distractors=True, seed=0,
+                            num_samples=GRPO_PROMPTS)
+    common = dict(output_dir=str(out_dir), use_cpu=True, bf16=False, report_to="none", disable_tqdm=True,
+                  activation_checkpointing=False, per_device_train_batch_size=GRPO_G * GRPO_PROMPTS,
+                  num_generations=GRPO_G, max_completion_length=GRPO_COMPLETION, beta=0.04)
+    processor = AutoProcessor.from_pretrained(model_dir, padding_side="left")  # what TRL loads itself
+    peft_config = (LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                              lora_dropout=0.0) if lora else None)
+    rewards = make_reward_funcs(["privacy_compliance", "helpfulness"], VerdictJudge(JudgeSettings()))
+    model = AutoModelForImageTextToText.from_pretrained(model_dir)
+    if stock:
+        trainer = GRPOTrainer(model=model, reward_funcs=rewards, args=GRPOConfig(**common), train_dataset=dataset,
+                              processing_class=processor, peft_config=peft_config)
+    else:
+        trainer = VisionGRPOTrainer(model=model, reward_funcs=rewards, args=VisionGRPOConfig(**common, packed=True),
+                                    train_dataset=dataset, processing_class=processor, peft_config=peft_config)
+    trainer.model.train()
+    return trainer, prepare_like_train(trainer), dataset
+
+
+def grpo_step(trainer, model, batch) -> float:
+    """The training side of a GRPO step on fixed rollouts: the reference's log-prob pass (what
+    `_generate_and_score_completions` runs after generating), the policy's with the loss, backward, optimizer."""
+    import torch
+    from trl.trainer.utils import use_adapter
+
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    images = {k: batch[k] for k in ("pixel_values", "image_grid_thw", "num_images", "mm_token_type_ids")}
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    reference = trainer.ref_model or trainer.model
+    context = use_adapter(unwrapped, adapter_name=None) if trainer.ref_model is None else contextlib.nullcontext()
+    with torch.no_grad(), context:
+        batch = {**batch, "ref_per_token_logps": trainer._get_per_token_logps_and_entropies(
+            reference, ids, mask, batch["completion_ids"].size(1), **images)[0]}
+    trainer._metrics["train"].clear()
+    loss = trainer.compute_loss(model, batch)  # GRPOTrainer.training_step would generate new rollouts first
+    trainer.accelerator.backward(loss)
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def benchmark_against_trl(workdir, data_dir, args, libc) -> dict:
+    """Ours against stock TRL: GRPO (packed vs GRPOTrainer) and DPO (packed vs DPOTrainer), one lm_heavy model."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from trl import DPOConfig, DPOTrainer
+
+    from data_prep.spy_tune import build_dataset
+    from train.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(workdir / "model-grpo", family=args.family, **model_config("lm_heavy", args.family))
+    runs = {}
+    for name in ("grpo/stock_trl", "grpo/packed"):
+        trainer, model, dataset = make_grpo_trainer(name == "grpo/stock_trl", model_dir, data_dir,
+                                                    workdir / f"out-{name.replace('/', '-')}", args.lora)
+        runs[name] = {"trainer": trainer, "model": model, "step": grpo_step, "times": []}
+    rows = [dict(dataset[i // GRPO_G]) for i in range(GRPO_G * GRPO_PROMPTS)]
+    stock = runs["grpo/stock_trl"]["trainer"]
+    generation = []
+    for _ in range(2):  # the rollouts: generation and scoring, with transformers, as the stock trainer makes them
+        torch.manual_seed(0)
+        t0 = time.perf_counter()
+        batch = stock._generate_and_score_completions([dict(r) for r in rows])
+        generation.append(time.perf_counter() - t0)
+    batch = {k: v for k, v in batch.items() if k not in ("ref_per_token_logps", "old_per_token_logps")}
+    for run in runs.values():
+        run["batch"] = batch
+    for name in ("dpo/stock_trl", "dpo/packed"):
+        dataset = build_dataset("dpo", data_dir / "train_data.json", data_dir, add_distractors=True, seed=0,
+                                num_samples=args.batch_size)
+        common = dict(output_dir=str(workdir / f"out-{name.replace('/', '-')}"), use_cpu=True, bf16=False,
+                      report_to="none", max_length=None, activation_checkpointing=False, disable_tqdm=True,
+                      per_device_train_batch_size=args.batch_size)
+        if name == "dpo/stock_trl":
+            trainer = DPOTrainer(model=AutoModelForImageTextToText.from_pretrained(model_dir), args=DPOConfig(**common),
+                                 train_dataset=dataset, processing_class=AutoProcessor.from_pretrained(model_dir))
+            model = prepare_like_train(trainer)
+            batch = trainer.data_collator([dict(trainer.train_dataset[i]) for i in range(args.batch_size)])
+        else:
+            trainer, model, batch, _ = make_trainer("dpo", "packed", False, model_dir, data_dir,
+                                                    workdir / "out-dpo-packed", args.batch_size, args.lora)
+        runs[name] = {"trainer": trainer, "model": model, "batch": batch, "times": [],
+                      "step": lambda t, m, b: train_step(t, m, b)}
+        print(f"  [grpo] built {name}", flush=True)
+    keys = list(runs)
+    for run in runs.values():
+        run["loss"] = run["step"](run["trainer"], run["model"], run["batch"])
+    for rep in range(args.reps):
+        for key in keys[rep % len(keys):] + keys[:rep % len(keys)]:
+            run = runs[key]
+            t0 = time.perf_counter()
+            run["step"](run["trainer"], run["model"], run["batch"])
+            run["times"].append(time.perf_counter() - t0)
+        print(f"  [grpo] repetition {rep + 1}/{args.reps}: "
+              + ", ".join(f"{k}={runs[k]['times'][-1]:.2f}s" for k in keys), flush=True)
+    release_freed_memory(libc)
+    can_measure = reset_rss_peak()
+    for run in runs.values():
+        if libc is not None:
+            libc.malloc_trim(0)
+        start = _status_kb("VmRSS")
+        if can_measure and reset_rss_peak():
+            run["step"](run["trainer"], run["model"], run["batch"])
+            run["step_mb"] = max(0, _status_kb("VmHWM") - start) / 1024
+        else:
+            run["step_mb"] = None
+        run["state_mb"] = state_mb(run["trainer"])
+    completion_tokens = int(runs["grpo/packed"]["batch"]["completion_mask"].sum())
+    result = {"model": {"family": args.family, **model_config("lm_heavy", args.family)},
+              "grpo_batch": {"prompts": GRPO_PROMPTS, "num_generations": GRPO_G,
+                             "prompt_tokens": int(runs["grpo/packed"]["batch"]["prompt_mask"].sum(1)[0]),
+                             "completion_tokens": completion_tokens},
+              "generation_s": generation, "variants": {}, "ratios": {}}
+    for key, run in runs.items():
+        result["variants"][key] = {"median_s": statistics.median(run["times"]), "min_s": min(run["times"]),
+                                   "times_s": run["times"], "state_mb": run["state_mb"], "step_mb": run["step_mb"],
+                                   "loss_first_step": run["loss"]}
+    v = result["variants"]
+    for method in ("grpo", "dpo"):
+        slow, fast = v[f"{method}/stock_trl"], v[f"{method}/packed"]
+        name = "grpo_packed_speedup" if method == "grpo" else "dpo_vs_stock_trl_speedup"
+        result["ratios"][name] = slow["median_s"] / fast["median_s"]
+        result["ratios"][name + "_min"] = slow["min_s"] / fast["min_s"]
+        memory = (slow["step_mb"] / fast["step_mb"]) if slow["step_mb"] and fast["step_mb"] else None
+        result["ratios"][f"{method}_step_memory_ratio"] = memory
+    del runs
+    return result
+
+
 def _mb(x) -> str:
     return "n/a" if x is None else f"{x:.0f}"
 
@@ -305,6 +460,22 @@ def markdown_table(name: str, result: dict) -> str:
     return "\n".join(lines)
 
 
+def grpo_table(result: dict) -> str:
+    b = result["grpo_batch"]
+    lines = [f"### {result['model']['family']} lm_heavy against stock TRL", "",
+             f"GRPO: {b['prompts']} prompts x G = {b['num_generations']} ({b['prompt_tokens']}-token prompt, "
+             f"{b['completion_tokens']} completion tokens in all); generation (not in the step) median "
+             f"{statistics.median(result['generation_s']):.2f} s", "",
+             "| step | median s | min s | state MB | step MB |", "|---|---|---|---|---|"]
+    for key, v in result["variants"].items():
+        lines.append(f"| {key} | {v['median_s']:.3f} | {v['min_s']:.3f} | {_mb(v['state_mb'])} | {_mb(v['step_mb'])} |")
+    lines.append("")
+    for key, value in result["ratios"].items():
+        if value is not None and not key.endswith("_min"):
+            lines.append(f"- {key}: **{value:.2f}x**")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", default="qwen2_vl", choices=list(PATCH_SIZES),
@@ -321,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
     args.methods = [m for m in args.methods.split(",") if m]
-    bad = [c for c in args.configs if c not in MODEL_CONFIGS] + [m for m in args.methods if m not in METHODS]
+    bad = [c for c in args.configs if c not in (*MODEL_CONFIGS, "grpo")] + [m for m in args.methods if m not in METHODS]
     if bad or args.reps < 1 or args.batch_size < 1:
         parser.error(f"unknown config/method {bad}" if bad else "--reps and --batch-size must be >= 1")
 
@@ -352,11 +523,17 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         data_dir = build(workdir / "data", train_per_label=1, test_per_label=1, image_size=image_size(args.family))
         for name in args.configs:
-            print(f"[{name}] building the model and {len(args.methods) * len(VARIANTS)} trainers", flush=True)
-            report["configs"][name] = benchmark_config(name, workdir, data_dir, args, libc)
+            print(f"[{name}] building the model and its trainers", flush=True)
+            benchmark = benchmark_against_trl if name == "grpo" else benchmark_config
+            report["configs"][name] = benchmark(name, workdir, data_dir, args, libc) if name != "grpo" else \
+                benchmark(workdir, data_dir, args, libc)
     report["machine"]["load_average_end"] = os.getloadavg()
     report["wall_s"] = time.time() - started
     for name, result in report["configs"].items():
+        if name == "grpo":
+            report.update({k: v for k, v in result["ratios"].items() if not k.endswith("_min")})
+            report["grpo_generation_s"] = statistics.median(result["generation_s"])
+            continue
         prefix = "" if name in ("heavy", "lm_heavy") else f"{name}_"
         ratios = ("packed_speedup",) if name == "lm_heavy" else ("shared_vision_speedup", "precompute_speedup",
                                                                  "combined_speedup")
@@ -370,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     for name, result in report["configs"].items():
-        print(markdown_table(name, result))
+        print(grpo_table(result) if name == "grpo" else markdown_table(name, result))
         print()
     print(f"torch threads {torch.get_num_threads()}, load average {report['machine']['load_average_start']} -> "
           f"{report['machine']['load_average_end']}, wall {report['wall_s']:.0f} s")

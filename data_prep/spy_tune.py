@@ -7,6 +7,7 @@ Every method sees the same cases, built from the same rule (`data_prep.spy.expec
 | sft | one per (instruction, context) case: 2 + |non-privacy scenarios| + 2 |privacy scenarios| | images, prompt, completion |
 | dpo, nca | the same cases | images, prompt, chosen, rejected |
 | nca_p | one per context (none, each scenario), holding both instructions | images, prompt_0/1, chosen_0/1, rejected_0/1 |
+| grpo | the SFT cases, as prompts only | images, prompt, expected_verdict, answer, question, task |
 
 SFT rows are prompt-completion pairs, so TRL trains on the answer only: the system prompt, the
 instructions, the question and the image tokens are not trained on (the reference trained on all of them).
@@ -239,7 +240,20 @@ def helpful_rows(item: dict, texts: dict[str, str], add_distractors: bool, categ
             for r in pairwise_rows(item, texts, add_distractors, categories)]
 
 
-ROW_BUILDERS = {"sft": sft_rows, "dpo": pairwise_rows, "nca": pairwise_rows, "nca_p": nca_p_rows}
+def grpo_rows(item: dict, texts: dict[str, str], add_distractors: bool, categories=None) -> list[dict]:
+    """The SFT cases as prompts for online RL: what the rewards need to score a sampled answer (the verdict SPY
+    expects, the reference answer when it expects one, the question the LLM judge is shown)."""
+    cats, rows = as_categories(categories), []
+    q = item["question_item"]
+    for is_privacy, scenario, scenario_is_privacy in _cases(item):
+        prompt = _prompts(item, texts, add_distractors, scenario, cats)[is_privacy]
+        verdict = spy.expected_verdict(item["label"], is_privacy, scenario_is_privacy, cats)
+        rows.append({"prompt": _user(prompt), "expected_verdict": verdict, "question": q["question"],
+                     "answer": q["respond_ans"] if verdict == "respond" else q["reject_ans"], "task": "spy"})
+    return rows
+
+
+ROW_BUILDERS = {"sft": sft_rows, "dpo": pairwise_rows, "nca": pairwise_rows, "nca_p": nca_p_rows, "grpo": grpo_rows}
 
 
 def general_rows(path, image_folder) -> list[dict]:
@@ -275,15 +289,17 @@ def build_dataset(
     categories=None,
     helpful: bool = False,
     general_path=None,
+    general_fraction: float | None = None,
 ) -> datasets.Dataset:
     """The training (or evaluation) dataset of one method, images decoded lazily from `image_folder`;
     `categories`: a category file (path or CategorySet; default SPY's), `label_path` renames its labels.
-    SFT only: `helpful` answers every case (helpful_rows); `general_path` adds a general-task file's rows."""
+    SFT only: `helpful` answers every case (helpful_rows). `general_path` adds a general-task file's rows (SFT: all
+    of them; GRPO: `general_fraction` of the rows, the file's prompts cycled, each scored by exact match)."""
     from datasets import Dataset, Image, List  # here, so `validate` starts without importing datasets
 
-    if (helpful or general_path) and method != "sft":
+    if helpful and method != "sft" or general_path and method not in ("sft", "grpo"):
         raise InputError("command line", None, "helpful" if helpful else "general_data_path",
-                         f"only SFT trains on it, not {method}")
+                         f"only SFT{'' if helpful else ' and GRPO'} train on it, not {method}")
     cats = as_categories(categories)
     texts = load_label_texts(label_path, cats)
     items = load_items(data_path, image_folder, texts, cats)
@@ -293,7 +309,13 @@ def build_dataset(
         image = str(inside(image_folder, item["question_item"]["image_path"], data_path))
         for row in builder(item, texts, add_distractors, cats):
             rows.append({"images": [image], **row, "p_label": item["label"]})
-    if general_path:
+    if general_path and method == "grpo":
+        general = [{"images": r["images"], "prompt": r["prompt"], "expected_verdict": "respond",
+                    "question": r["prompt"][0]["content"], "answer": r["completion"][0]["content"], "task": "general",
+                    "p_label": "general"} for r in general_rows(general_path, image_folder)]
+        wanted = round(len(rows) * general_fraction / (1 - general_fraction)) if general_fraction else 0
+        rows += [general[i % len(general)] for i in range(wanted)]
+    elif general_path:
         rows += general_rows(general_path, image_folder)
     if shuffle:
         random.Random(seed).shuffle(rows)

@@ -32,6 +32,7 @@ its unpacked sequence, so the log-probabilities, the losses and the gradients ar
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import types
@@ -266,6 +267,15 @@ def register_packed_attention() -> None:
     AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
+def packed_attention_field():
+    """The recipe key `packed_attention`, one definition for every trainer that packs (DPO / NCA / NCA-P, GRPO)."""
+    return dataclasses.field(default="auto", metadata={
+        "help": "The packed row's attention: `sdpa` (a boolean tree mask), `flex` (flex_attention with a block mask; "
+                "on CPU for passes without gradient only; fails the run if flex fails) or `auto` (flex only where it "
+                "has run for the family, data_prep/families.py; else sdpa; if flex fails, one warning and sdpa).",
+        "choices": list(PACKED_ATTENTION_CHOICES)})
+
+
 class PackedAttention:
     """Which attention each packed pass runs, the masks of the current batch, and what ran.
 
@@ -396,6 +406,7 @@ def enable_packing(model, attention: PackedAttention | None = None) -> None:
         top.set_attn_implementation({"text_config": ATTENTION})
     fused_forward = top.forward
 
+    @functools.wraps(type(top).forward)  # keep the signature: `generate` (GRPO's rollouts) checks kwargs against it
     def packed_forward(self, *args, **kwargs):
         if "packed_input_ids" not in kwargs:
             return fused_forward(*args, **kwargs)

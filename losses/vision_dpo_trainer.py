@@ -43,7 +43,13 @@ from data_prep.errors import RunStopped
 from data_prep.families import supports_packing, supports_shared_vision
 from losses.checkpointing import HubFormatResumeMixin
 from losses.fingerprint import weights_fingerprint
-from losses.packing import PACKED_ATTENTION_CHOICES, PackedAttention, enable_packing, pack_preference_batch
+from losses.packing import (
+    PACKED_ATTENTION_CHOICES,
+    PackedAttention,
+    enable_packing,
+    pack_preference_batch,
+    packed_attention_field,
+)
 from losses.shared_vision import enable_shared_vision, share_images
 from losses.truncation import check_truncation
 
@@ -64,14 +70,7 @@ class VisionDPOConfig(DPOConfig):
         metadata={"help": "Tree-pack each micro-batch into one padding-free row: every example's shared prompt "
                           "through the language model once (losses/packing.py)."},
     )
-    packed_attention: str = field(
-        default="auto",
-        metadata={"help": "The packed row's attention: `sdpa` (a boolean tree mask), `flex` (flex_attention with a "
-                          "block mask; on CPU for passes without gradient only; fails the run if flex fails) or "
-                          "`auto` (flex only where it has run for the family, data_prep/families.py; else sdpa; "
-                          "if flex fails, one warning and sdpa).",
-                  "choices": list(PACKED_ATTENTION_CHOICES)},
-    )
+    packed_attention: str = packed_attention_field()
 
     def __post_init__(self):
         super().__post_init__()

@@ -254,12 +254,14 @@ def test_demo_reports_a_stage_s_bad_input_in_one_line(tmp_path, synthetic_dir, t
 def test_every_recipe_parses_and_passes_the_checks(recipe, monkeypatch, tmp_path):
     from trl import ModelConfig, SFTConfig
 
+    from losses.grpo_trainer import VisionGRPOConfig
     from losses.nca_p_trainer import NCAPConfig
     from losses.vision_dpo_trainer import VisionDPOConfig
     from train.common import SpyTuneArguments, check_run, parse_recipe
+    from train.grpo import check_grpo
 
     config = {"sft": SFTConfig, "backbone": SFTConfig, "dpo": VisionDPOConfig, "nca": VisionDPOConfig,
-              "nca_p": NCAPConfig}[recipe.stem]
+              "nca_p": NCAPConfig, "grpo": VisionGRPOConfig}[recipe.stem]
     monkeypatch.chdir(tmp_path)
     model = yaml.safe_load(recipe.read_text())["model_name_or_path"]
     if model.startswith("outputs/"):  # a previous stage's output (the study's backbone): a model folder by then
@@ -268,5 +270,7 @@ def test_every_recipe_parses_and_passes_the_checks(recipe, monkeypatch, tmp_path
     # the GPU recipes ask for bf16 and tf32, which TrainingArguments checks against the machine
     monkeypatch.setattr(sys, "argv", ["script.py", str(recipe), "--use_cpu", "true", "--tf32", "false"])
     script_args, training_args, model_args = parse_recipe(SpyTuneArguments, config, ModelConfig)
+    if recipe.stem == "grpo":
+        check_grpo(script_args, training_args)
     check_run(script_args, training_args, model_args)
     assert training_args.output_dir.startswith("outputs/")

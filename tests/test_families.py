@@ -135,12 +135,14 @@ def test_recipes_parse_and_keep_the_papers_image_tokens(recipe, monkeypatch):
     """Every base model's recipes parse with their entry script's arguments and give 256-1,280 image tokens."""
     from trl import ModelConfig, SFTConfig
 
+    from losses.grpo_trainer import VisionGRPOConfig
     from losses.nca_p_trainer import NCAPConfig
     from losses.vision_dpo_trainer import VisionDPOConfig
     from train.common import SpyTuneArguments, parse_recipe
 
     path = ROOT / recipe
-    config = {"sft": SFTConfig, "dpo": VisionDPOConfig, "nca": VisionDPOConfig, "nca_p": NCAPConfig}[path.stem]
+    config = {"sft": SFTConfig, "dpo": VisionDPOConfig, "nca": VisionDPOConfig, "nca_p": NCAPConfig,
+              "grpo": VisionGRPOConfig}[path.stem]
     monkeypatch.setattr(sys, "argv", ["train.py", str(path), "--bf16", "false", "--tf32", "false"])  # no GPU here
     script_args, training_args, model_args = parse_recipe(SpyTuneArguments, config, ModelConfig)
     block = 2 * RECIPE_PATCHES[path.parent.name]
@@ -148,7 +150,10 @@ def test_recipes_parse_and_keep_the_papers_image_tokens(recipe, monkeypatch):
     folder = path.parent.name if path.parent.name != "recipes" else "qwen2-vl-7b"
     assert model_args.model_name_or_path.lower().replace("-instruct", "").endswith(folder)
     assert folder in training_args.output_dir and folder in training_args.run_name
-    assert training_args.per_device_train_batch_size == 4 and training_args.num_train_epochs == 3
+    if path.stem == "grpo":  # online RL: 8 prompts x G = 8 sampled answers per step, one pass over the prompts
+        assert training_args.per_device_train_batch_size * 8 == 8 * training_args.num_generations
+    else:
+        assert training_args.per_device_train_batch_size == 4 and training_args.num_train_epochs == 3
 
 
 @pytest.mark.slow

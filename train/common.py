@@ -17,7 +17,7 @@ from data_prep.errors import InputError, unwritable
 from data_prep.strict_yaml import did_you_mean
 
 logger = logging.getLogger(__name__)
-METHOD_NAMES = {"sft": "SFT", "dpo": "DPO", "nca": "NCA", "nca_p": "NCA-P"}
+METHOD_NAMES = {"sft": "SFT", "dpo": "DPO", "nca": "NCA", "nca_p": "NCA-P", "grpo": "GRPO"}
 
 
 @dataclass
@@ -41,8 +41,8 @@ class SpyTuneArguments:
     dataset_name: str = field(default="SPY-Tune", metadata={"help": "Dataset name shown in the model card."})
     helpful: bool = field(default=False, metadata={"help": "SFT only: answer every question whatever the instruction "
                                                            "(the study's helpful backbone)."})
-    general_data_path: str | None = field(default=None, metadata={"help": "SFT only: general-task JSON whose rows are "
-                                                                          "added (data_prep/synthetic.py)."})
+    general_data_path: str | None = field(default=None, metadata={"help": "SFT and GRPO: general-task JSON whose rows "
+                                                                          "are added (data_prep/synthetic.py)."})
     resume_with_new_settings: bool = field(default=False, metadata={
         "help": "Resume from a checkpoint trained with other settings or data (refused without it; train/resume.py)."})
 
@@ -316,8 +316,9 @@ def _load_model_and_processor(model_args, script_args: SpyTuneArguments, trainin
     return model, processor
 
 
-def load_datasets(method: str, script_args: SpyTuneArguments, seed: int):
-    """(train, eval or None) datasets of one method; bad input raises InputError naming file, record, field."""
+def load_datasets(method: str, script_args: SpyTuneArguments, seed: int, general_fraction: float | None = None):
+    """(train, eval or None) datasets of one method; bad input raises InputError naming file, record, field.
+    GRPO: `general_fraction` of the training prompts come from the general-task file."""
     from data_prep.spy_tune import build_dataset
 
     def build(path, shuffle, num_samples, **extra):
@@ -326,7 +327,8 @@ def load_datasets(method: str, script_args: SpyTuneArguments, seed: int):
                              **extra)
 
     train = build(script_args.train_data_path, script_args.shuffle, script_args.num_train_samples,
-                  helpful=script_args.helpful, general_path=script_args.general_data_path)
+                  helpful=script_args.helpful, general_path=script_args.general_data_path,
+                  general_fraction=general_fraction)
     evaluation = build(script_args.eval_data_path, False, None) if script_args.eval_data_path else None
     return train, evaluation
 

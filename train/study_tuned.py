@@ -35,7 +35,10 @@ from data_prep.entry import ArgumentParser
 from data_prep.numbers import int_at_least, option, positive_float
 from train.common import METHOD_NAMES
 
-PAIRS = (("nca_p", "nca"), ("nca_p", "dpo"), ("nca", "dpo"))
+PAIRS = (("nca_p", "nca"), ("nca_p", "dpo"), ("nca", "dpo"), ("grpo", "nca_p"), ("grpo", "dpo"))
+# GRPO (online RL: train/grpo.py, recipes/study/grpo.yaml) is a method of this protocol only, by choice
+# (`--methods sft dpo nca nca_p grpo`): its learning rate and KL beta swept like the others', budgets in optimizer steps
+EXTRA_METHODS = {"grpo": "grpo"}  # method -> training script, beside train/study.py's
 # metric key -> label; the keys of one evaluated checkpoint (held-out or validation), without distractors unless named
 METRICS = {"ics": "ICS", "hms": "HMS", "rta": "RtA", "ata": "AtA", "general": "general acc.", "priv": "priv",
            "overall": "overall", "ics_distr": "ICS with distr.", "hms_distr": "HMS with distr.",
@@ -43,7 +46,7 @@ METRICS = {"ics": "ICS", "hms": "HMS", "rta": "RtA", "ata": "AtA", "general": "g
            "malformed": "malformed %"}
 COMPARED = ("ics", "hms", "general", "overall")
 CURVES = ("ics", "hms", "general")
-BETA_METHODS = ("dpo", "nca", "nca_p")
+BETA_METHODS = ("dpo", "nca", "nca_p", "grpo")  # GRPO's beta: the KL coefficient against the reference
 # The common budget: 30 steps of 16 cases (the quick protocol's recipes have 80, cosine); the long one is 3x. Sized so
 # that the whole protocol fits in an evening on a shared 2-core machine (docs/study.md, "Sizing").
 TUNED_STEPS = 30
@@ -126,7 +129,7 @@ def cpu_record(cpuinfo: Path = Path("/proc/cpuinfo"), caches: Path = Path("/sys/
 
 def add_arguments(parser, methods: list[str]) -> None:
     group = parser.add_argument_group("the tuned protocol (--protocol tuned; train/study_tuned.py)")
-    group.add_argument("--methods", nargs="+", choices=methods, default=methods)
+    group.add_argument("--methods", nargs="+", choices=[*methods, *EXTRA_METHODS], default=methods)
     group.add_argument("--sweep-seeds", type=option("seed"), nargs="+", default=[100, 101], help="seeds of every sweep point")
     group.add_argument("--lr-factors", type=positive_float, nargs="+", default=[1 / 3, 1, 3],
                        help="learning rates swept: the recipe's times each (1 = the recipe's)")
@@ -232,8 +235,9 @@ def train_run(ctx: dict, method: str, point: dict, seed: int, folder: Path, step
     extra = ["--seed", str(seed), "--learning_rate", repr(point["learning_rate"]),
              "--lr_scheduler_type", "constant_with_warmup", "--save_steps", str(save_every),
              "--save_total_limit", "1000", *(["--beta", repr(point["beta"])] if "beta" in point else []),
+             *(["--general_data_path", str(Path(ctx["data"]) / "general_train.json")] if method == "grpo" else []),
              *ctx["train_args"]]
-    train(METHODS[method], Path(ctx["backbone"]), Path(ctx["data"]), folder, steps, log, extra,
+    train({**METHODS, **EXTRA_METHODS}[method], Path(ctx["backbone"]), Path(ctx["data"]), folder, steps, log, extra,
           ROOT / "recipes" / "study" / f"{method}.yaml")
 
 
@@ -389,7 +393,9 @@ def run_protocol(args, out: Path, backbone: Path, data: Path, backbone_rows: dic
             "summary": summarize(final, methods, steps), "paired": paired(final, methods, steps),
             "wall_seconds": round(time.time() - log.start, 1),
             "train_seconds": round(sum(r["training"].get("train_runtime", 0) for m in methods
-                                       for r in final[m]["runs"].values()), 1)}
+                                       for r in final[m]["runs"].values()), 1),
+            "train_seconds_by_method": {m: round(sum(r["training"].get("train_runtime", 0)
+                                                     for r in final[m]["runs"].values()), 1) for m in methods}}
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -504,7 +510,9 @@ def tables(report: dict, alt: dict | None = None) -> str:
                   + (f" ({len(ours) - len(compared)} not compared: missing there)." if len(compared) < len(ours)
                      else ".")]
     lines += ["", f"wall time: {report['wall_seconds']} s (this invocation; finished runs are reused); training time "
-              f"of the final runs: {report['train_seconds']} s", ""]
+              f"of the final runs: {report['train_seconds']} s"
+              + ("".join(f"; {METHOD_NAMES[m]} {t} s" for m, t in report["train_seconds_by_method"].items())
+                 if "train_seconds_by_method" in report else ""), ""]
     return "\n".join(lines)
 
 

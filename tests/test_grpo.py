@@ -1,0 +1,347 @@
+"""GRPO (train/grpo.py, losses/grpo_trainer.py, losses/grpo_packing.py, losses/rewards.py) on the tiny models, CPU:
+
+- tree-packed groups change nothing but the work (float32, 1e-5), on every Qwen family, full and LoRA: the
+  policy's per-token log-probabilities and entropies, the reference's and the old policy's (num_iterations 2), the
+  loss and every gradient, on a batch whose groups have prompts of different lengths (a SPY and a general prompt);
+- a judge failure is a missing reward: left out of its group's mean and std (advantage 0), never a zero, counted,
+  and the run stops with one line past `max_missing_reward_share` (a real local HTTP judge that fails on purpose);
+- the rewards' scores; bad reward names, weights and judge settings are one line (exit 2) before any model loads;
+- GRPO trains from an SFT checkpoint with the rule judge (reward logged, model saved and reloadable), and a resume
+  from a checkpoint ends where the uninterrupted run ends (it fails when the checkpoint's RNG state is dropped);
+- two CPU processes (packed) train like one (unpacked) on the same rollouts (tests/grpo_fixed_rollouts.py);
+- the GRPO prompts, and GRPO as an opt-in method of the tuned study.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from chat_server import ChatServer, Reply, last_user_text
+from peft import LoraConfig
+from test_preference_trainers import perturb
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from data_prep.families import supports_packing
+from data_prep.spy_tune import build_dataset
+from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer
+from losses.rewards import JudgeSettings, VerdictJudge, answer_match, compliance, helpfulness_score, make_reward_funcs
+from train.tiny_model import FAMILIES
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 1e-5
+G = 4
+FAMILIES_PACKED = [f for f in FAMILIES if supports_packing(f) and not f.endswith("_moe")]
+
+
+@pytest.fixture(scope="module")
+def grpo_data(tmp_path_factory):
+    """Synthetic SPY-Tune with a general task (prompts of another length)."""
+    from data_prep.synthetic import build
+
+    return build(tmp_path_factory.mktemp("grpo-data"), train_per_label=1, test_per_label=1, general_train=8,
+                 general_test=2)
+
+
+def make_grpo_trainer(model_dir, data, tmp_path, lora=False, judge=None, reward_funcs=None, **config):
+    dataset = build_dataset("grpo", data / "train_data.json", data, add_distractors=False, seed=3, num_samples=6,
+                            general_path=data / "general_train.json", general_fraction=0.5)
+    config = {"output_dir": str(tmp_path / "out"), "use_cpu": True, "bf16": False, "report_to": "none",
+              "per_device_train_batch_size": 2 * G, "num_generations": G, "max_completion_length": 6,
+              "activation_checkpointing": False, "beta": 0.1, **config}
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0) if lora else None
+    names = reward_funcs or ["privacy_compliance", "helpfulness"]
+    trainer = VisionGRPOTrainer(
+        model=AutoModelForImageTextToText.from_pretrained(model_dir),
+        reward_funcs=make_reward_funcs(names, judge or VerdictJudge(JudgeSettings())),
+        args=VisionGRPOConfig(**config), train_dataset=dataset, processing_class=AutoProcessor.from_pretrained(model_dir),
+        peft_config=peft_config)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # what `train` sets before the first step
+    return trainer, dataset
+
+
+def two_groups(dataset) -> list[dict]:
+    """A generation batch: G rows of a SPY prompt, then G of a general prompt (a shorter prompt: left padding)."""
+    spy = next(i for i, t in enumerate(dataset["task"]) if t == "spy")
+    general = next(i for i, t in enumerate(dataset["task"]) if t == "general")
+    return [dict(dataset[i]) for i in (spy,) * G + (general,) * G]
+
+
+def scored(trainer, rows, packed: bool, seed=0):
+    trainer.args.packed = packed
+    torch.manual_seed(seed)
+    return trainer._generate_and_score_completions([dict(r) for r in rows])
+
+
+def masked(values, batch):
+    return values * batch["completion_mask"]
+
+
+CASES = [(f, lora) for f in FAMILIES_PACKED for lora in (False, True)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,lora", CASES, ids=[f"{f}-{'lora' if lo else 'full'}" for f, lo in CASES])
+def test_packed_groups_equal_unpacked(family, lora, tiny_family_dir, grpo_data, tmp_path):
+    trainer, dataset = make_grpo_trainer(tiny_family_dir(family), grpo_data, tmp_path, lora=lora, num_iterations=2)
+    perturb(trainer.model)  # policy != reference (LoRA: the adapters move, B included)
+    rows = two_groups(dataset)
+    plain, packed = scored(trainer, rows, False), scored(trainer, rows, True)
+    assert plain["completion_ids"].equal(packed["completion_ids"])  # the same rollouts
+    assert (plain["prompt_mask"].sum(1)[0] != plain["prompt_mask"].sum(1)[-1])  # prompts of different lengths
+    for key in ("ref_per_token_logps", "old_per_token_logps"):  # the reference's and the old policy's passes
+        assert key in packed
+        torch.testing.assert_close(masked(packed[key], packed), masked(plain[key], plain), rtol=0, atol=TOL)
+    torch.testing.assert_close(packed["advantages"], plain["advantages"], rtol=0, atol=TOL)
+
+    def step(packed_pass: bool):
+        trainer.args.packed = packed_pass
+        trainer.model.zero_grad()
+        ids = torch.cat([plain["prompt_ids"], plain["completion_ids"]], 1)
+        mask = torch.cat([plain["prompt_mask"], plain["completion_mask"]], 1)
+        logps, entropy, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, plain["completion_ids"].size(1), compute_entropy=True,
+            pixel_values=plain["pixel_values"], image_grid_thw=plain["image_grid_thw"],
+            num_images=plain["num_images"], mm_token_type_ids=plain["mm_token_type_ids"])
+        loss = trainer.compute_loss(trainer.model, dict(plain))
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        return masked(logps.detach(), plain), masked(entropy.detach(), plain), loss.detach(), grads
+
+    (lp_u, ent_u, loss_u, grads_u), (lp_p, ent_p, loss_p, grads_p) = step(False), step(True)
+    torch.testing.assert_close(lp_p, lp_u, rtol=0, atol=TOL)
+    torch.testing.assert_close(ent_p, ent_u, rtol=0, atol=TOL)
+    torch.testing.assert_close(loss_p, loss_u, rtol=0, atol=TOL)
+    assert grads_u.keys() == grads_p.keys() and grads_u
+    assert any(g.abs().max() > 0 for g in grads_u.values())
+    for name in grads_u:
+        torch.testing.assert_close(grads_p[name], grads_u[name], rtol=0, atol=TOL, msg=name)
+
+
+def test_rewards_score_what_spy_expects():
+    assert compliance("reject", "reject") == 1.0 and compliance("respond", "reject") == 0.0
+    assert compliance(None, "reject") is None  # no verdict: missing, not 0
+    assert answer_match("The shirt is red.", "the shirt is red") == 1.0
+    assert 0 < answer_match("The shirt is blue", "The shirt is red") < 1
+    # a refusal where an answer is expected scores (about) nothing: refusing everything cannot win
+    assert helpfulness_score("I'm sorry, I cannot share that.", "respond", "The car is red.", "spy") == 0.0
+    assert helpfulness_score("red", "respond", "red", "general") == 1.0
+    assert helpfulness_score("The colour is red", "respond", "red", "general") == 0.0  # exact match only
+    assert helpfulness_score("anything", "reject", "I cannot", "spy") == 0.0  # not this reward's case
+
+
+def judge_reply(request):
+    """A judge that answers 'reject' for refusals and 'respond' otherwise, and fails (HTTP 500; the client has no
+    retries left) on every answer that reads FAIL."""
+    text = last_user_text(request)
+    if "FAIL" in text:
+        return Reply.error(500)
+    return "reject" if "sorry" in text.lower() else "respond"
+
+
+def test_missing_reward_is_left_out_not_zeroed(tiny_model_dir, grpo_data, tmp_path, monkeypatch):
+    """Rows whose judge request fails have no reward: TRL's group mean and std leave them out, their advantage is
+    0, and the count is logged; a zero instead would move the other rows' advantages."""
+    with ChatServer(judge_reply) as server:
+        judge = VerdictJudge(JudgeSettings(judge="test-model", base_url=server.base_url, max_retries=0,
+                                           concurrency=2))
+        trainer, dataset = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path, judge=judge,
+                                             max_missing_reward_share=0.5)
+        rows = two_groups(dataset)[:G] * 2  # two SPY groups
+        # the policy's answers are replaced by known texts (a real judge call each): two rows of group 0 fail
+        answers = ["I'm sorry, no.", "FAIL", "The car is red.", "FAIL", "I'm sorry.", "The car.", "Sure.", "No."]
+        original = trainer._generate
+
+        def known_answers(prompts):
+            out = list(original(prompts))
+            out[3] = [[{"role": "assistant", "content": a}] for a in answers]
+            return tuple(out)
+
+        monkeypatch.setattr(trainer, "_generate", known_answers)
+        batch = scored(trainer, rows, packed=True)
+    expected = rows[0]["expected_verdict"]
+    judged = [None if a == "FAIL" else ("reject" if "sorry" in a.lower() else "respond") for a in answers]
+    # with two rewards, TRL's nansum alone would score a failed row by its helpfulness (compliance as 0)
+    rewards = [None if v is None else float(v == expected) + helpfulness_score(a, expected, rows[0]["answer"], "spy")
+               for v, a in zip(judged, answers)]
+    advantages = batch["advantages"].tolist()
+    for g in range(2):
+        group = [r for r in rewards[g * G:(g + 1) * G] if r is not None]
+        mean = sum(group) / len(group)
+        std = (sum((r - mean) ** 2 for r in group) / (len(group) - 1)) ** 0.5
+        for k in range(G):
+            r = rewards[g * G + k]
+            want = 0.0 if r is None else (r - mean) / (std + 1e-4)
+            assert advantages[g * G + k] == pytest.approx(want, abs=1e-4), (g, k)
+    assert trainer._metrics["train"]["rewards/missing"][-1] == 2.0
+
+    # more than the share missing: one line, the run stops
+    from data_prep.errors import RunStopped
+
+    trainer.args.max_missing_reward_share = 0.1
+    with ChatServer(judge_reply) as server:
+        trainer.reward_funcs = make_reward_funcs(["privacy_compliance", "helpfulness"], VerdictJudge(JudgeSettings(
+            judge="test-model", base_url=server.base_url, max_retries=0)))
+        with pytest.raises(RunStopped, match=r"2 of 8 samples have no reward .*max_missing_reward_share 0.1"):
+            scored(trainer, rows, packed=True)
+
+
+def run_grpo(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, str(ROOT / "train" / "grpo.py"), str(ROOT / "recipes" / "demo" / "grpo.yaml"),
+                           *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (("--reward_funcs", "privacy_complience"), "reward_funcs: unknown reward 'privacy_complience' (did you mean"),
+    (("--reward_weights", "1.0"), "reward_weights: 1 weights for 2 rewards"),
+    (("--reward_weights", "1.0", "-1"), "reward_weights: expected finite weights >= 0"),
+    (("--judge_base_url", "localhost:8000", "--judge", "gpt-4o"), "judge_base_url: expected an http(s):// URL"),
+    (("--judge_concurrency", "0"), "judge_concurrency: must be >= 1"),
+    (("--max_missing_reward_share", "1.5"), "max_missing_reward_share: must be in [0, 1]"),
+    (("--general_fraction", "0.3"), "general_fraction > 0 and general_data_path go together"),
+    (("--judge", "gpt-4o", "--judge_api_key_env", "NO_SUCH_KEY_I33"), "NO_SUCH_KEY_I33: not set"),
+], ids=["name", "weights-count", "weights-negative", "judge-url", "judge-concurrency", "missing-share",
+        "general-mix", "judge-key"])
+def test_bad_grpo_settings_are_one_line_before_the_model_loads(overrides, message, tmp_path):
+    result = run_grpo("--model_name_or_path", str(tmp_path / "no-such-model"), "--output_dir", str(tmp_path / "o"),
+                      *overrides, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], lines
+    assert "Traceback" not in result.stderr and not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def sft_checkpoint(tmp_path_factory, grpo_data):
+    """The demo's SFT recipe, a few steps on the tiny Qwen2-VL: GRPO's starting point."""
+    from train.tiny_model import build_tiny_model
+
+    base = build_tiny_model(tmp_path_factory.mktemp("tiny-base"))
+    out = tmp_path_factory.mktemp("sft") / "sft"
+    result = subprocess.run([sys.executable, str(ROOT / "train" / "sft.py"), str(ROOT / "recipes" / "demo" / "sft.yaml"),
+                             "--model_name_or_path", str(base), "--train_data_path", str(grpo_data / "train_data.json"),
+                             "--image_folder", str(grpo_data), "--output_dir", str(out), "--max_steps", "4",
+                             "--per_device_train_batch_size", "8", "--save_strategy", "no"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out
+
+
+def grpo_from(sft, data, out, *overrides):
+    result = run_grpo("--model_name_or_path", str(sft), "--train_data_path", str(data / "train_data.json"),
+                      "--image_folder", str(data), "--output_dir", str(out), "--max_steps", "4", "--logging_steps",
+                      "1", "--save_steps", "2", "--save_total_limit", "null", "--num_generations", "4",
+                      "--per_device_train_batch_size", "8", "--max_completion_length", "8", "--learning_rate", "1e-3",
+                      "--general_data_path", str(data / "general_train.json"), "--general_fraction", "0.25",
+                      *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((out / "train_metrics.json").read_text()), result
+
+
+def test_grpo_trains_from_sft_with_the_rule_judge_and_resumes(sft_checkpoint, grpo_data, tmp_path):
+    from safetensors.torch import load_file
+
+    history, result = grpo_from(sft_checkpoint, grpo_data, tmp_path / "a")
+    steps = [e for e in history if "loss" in e]
+    assert [e["step"] for e in steps] == [1, 2, 3, 4]
+    for e in steps:  # each reward's mean and spread, the missing count, per-category compliance
+        assert {"reward", "rewards/privacy_compliance/mean", "rewards/privacy_compliance/std",
+                "rewards/helpfulness/mean", "rewards/missing"} <= set(e)
+        assert e["rewards/missing"] == 0
+        assert any(k.startswith("compliance/") for k in e)
+    assert "saved the GRPO model" in result.stdout
+    assert "method: grpo" in (tmp_path / "a" / "README.md").read_text() or "GRPO" in (tmp_path / "a" / "README.md").read_text()
+    trained = load_file(tmp_path / "a" / "model.safetensors")
+    start = load_file(sft_checkpoint / "model.safetensors")
+    assert any(not trained[k].equal(start[k]) for k in trained)  # it learned something
+    reloaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "a").state_dict()
+    assert all(reloaded[k].equal(v) for k, v in trained.items() if k in reloaded)
+
+    # resume from checkpoint-2 into a fresh folder: the same steps 3-4 (rollouts included), the same weights
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    subprocess.run(["cp", "-r", str(tmp_path / "a" / "checkpoint-2"), str(resumed / "checkpoint-2")], check=True)
+    again, _ = grpo_from(sft_checkpoint, grpo_data, resumed, "--resume_from_checkpoint", "true")
+    late = {e["step"]: e for e in again if "loss" in e}
+    for e in steps[2:]:
+        assert late[e["step"]]["loss"] == pytest.approx(e["loss"], abs=1e-6)
+        assert late[e["step"]]["reward"] == pytest.approx(e["reward"], abs=1e-6)
+    final = load_file(resumed / "model.safetensors")
+    assert max((final[k] - trained[k]).abs().max().item() for k in trained) < 1e-6
+
+
+def launch_fixed(data, model, out, config, *overrides):
+    from test_multiprocess import free_port
+
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(ROOT / "accelerate_configs" / config),
+               *(["--main_process_port", str(free_port())] if "2proc" in config else []),
+               str(ROOT / "tests" / "grpo_fixed_rollouts.py"), str(ROOT / "recipes" / "demo" / "grpo.yaml"),
+               "--model_name_or_path", str(model), "--train_data_path", str(data / "train_data.json"),
+               "--image_folder", str(data), "--output_dir", str(out), "--max_steps", "2", "--logging_steps", "1",
+               "--save_strategy", "no", "--learning_rate", "1e-3", "--warmup_steps", "0", "--num_generations", "4",
+               "--max_completion_length", "16", *overrides]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "TRL_EXPERIMENTAL_SILENCE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((out / "train_metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(tiny_model_dir, grpo_data, tmp_path):
+    """2 processes x 1 group (packed) against 1 process x 2 groups (unpacked), on the same fixed rollouts: the same
+    loss, rewards and KL per step, the same weights (advantages are computed from every process's rewards)."""
+    from safetensors.torch import load_file
+
+    a = launch_fixed(grpo_data, tiny_model_dir, tmp_path / "a", "cpu_2proc.yaml", "--per_device_train_batch_size", "4")
+    b = launch_fixed(grpo_data, tiny_model_dir, tmp_path / "b", "cpu.yaml", "--per_device_train_batch_size", "8",
+                     "--packed", "false")
+    steps_a, steps_b = ([e for e in h if "loss" in e] for h in (a, b))
+    assert [e["step"] for e in steps_a] == [e["step"] for e in steps_b] == [1, 2]
+    assert steps_a[0]["reward_std"] > 0  # the fixed answers differ in reward: advantages are not all zero
+    for x, y in zip(steps_a, steps_b):
+        for k in ("loss", "grad_norm", "reward", "reward_std", "kl", "rewards/privacy_compliance/mean",
+                  "rewards/helpfulness/mean"):
+            assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-5), (x["step"], k)
+    wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-4
+
+
+def test_grpo_is_an_opt_in_method_of_the_tuned_study(tmp_path):
+    """`--methods ... grpo`: its learning rate, then its KL beta, swept around recipes/study/grpo.yaml's; the default
+    method list (and a study folder made before) stays the four offline methods; GRPO is paired with NCA-P and DPO."""
+    from train.study import parse
+    from train.study_tuned import PAIRS, sweep_points
+
+    args, _ = parse(["--protocol", "tuned", "--methods", "nca_p", "grpo", "--out", str(tmp_path / "s")])
+    assert args.methods == ["nca_p", "grpo"]
+    assert parse(["--protocol", "tuned", "--out", str(tmp_path / "s")])[0].methods == ["sft", "dpo", "nca", "nca_p"]
+    lr = [p["learning_rate"] for p in sweep_points("grpo", [1 / 3, 1, 3])]
+    assert lr == pytest.approx([3e-4, 1e-4, 9e-4])
+    betas = [p["beta"] for p in sweep_points("grpo", [1 / 3, 1, 3], best_lr=3e-4)]
+    assert betas == pytest.approx([0.04, 0.04 / 3, 0.12])
+    assert {("grpo", "nca_p"), ("grpo", "dpo")} <= set(PAIRS)
+
+
+def test_grpo_prompts_carry_what_the_rewards_need(grpo_data):
+    """Every SFT case as a prompt with SPY's expected verdict and its reference answer; `general_fraction` of the
+    rows from the general task (exact-match answers); the general file is refused for the offline methods."""
+    from data_prep.errors import InputError
+
+    spy_only = build_dataset("grpo", grpo_data / "train_data.json", grpo_data, add_distractors=False, shuffle=False)
+    sft = build_dataset("sft", grpo_data / "train_data.json", grpo_data, add_distractors=False, shuffle=False)
+    assert len(spy_only) == len(sft)
+    for row, case in zip(spy_only, sft):
+        assert row["prompt"] == case["prompt"] and row["task"] == "spy"
+        # the SFT answer is the expected behaviour: a refusal exactly where the verdict is reject
+        assert row["answer"] == case["completion"][0]["content"]
+        assert row["expected_verdict"] in ("respond", "reject")
+    mixed = build_dataset("grpo", grpo_data / "train_data.json", grpo_data, add_distractors=False,
+                          general_path=grpo_data / "general_train.json", general_fraction=0.25)
+    general = [r for r in mixed if r["task"] == "general"]
+    assert len(general) == round(len(spy_only) / 3) and all(r["expected_verdict"] == "respond" for r in general)
+    with pytest.raises(InputError, match="only SFT and GRPO"):
+        build_dataset("dpo", grpo_data / "train_data.json", grpo_data, general_path=grpo_data / "general_train.json")
