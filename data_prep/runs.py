@@ -60,6 +60,18 @@ def read_jsonl(path, required: Iterable[str] = ()) -> list[dict]:
     return _parse_lines(path, read_text(path).split("\n"), required)[1]
 
 
+def read_run(path, required: Iterable[str] = (), made_by: Iterable[str] = ()) -> tuple[dict | None, list[dict]]:
+    """(header or None, records) of a run file that a step reads; with `made_by`, a file whose header names
+    another step (a SPY run given to a GeoPrivacy judge) is refused. A file without a header (written before
+    headers, or released by the authors) is left to the caller's checks of its records."""
+    header, records = _parse_lines(path, read_text(path).split("\n"), required)
+    made_by = tuple(made_by)
+    if made_by and header is not None and header.get("step") not in made_by:
+        raise InputError(path, 1, "run_header.step", f"this file was made by {header.get('step')!r}; this command "
+                         f"reads what {' or '.join(made_by)} writes")
+    return header, records
+
+
 def process_group() -> tuple[int, int]:
     """(rank, world size) under `accelerate launch` or torchrun; (0, 1) in a plain process."""
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))

@@ -235,4 +235,14 @@ def build_samples(items_path, images_dir=None, distractors: bool = False, catego
             raise InputError(items_path, where, "benchmark_id", f"duplicate benchmark_id {item['benchmark_id']!r}")
         ids.add(str(item["benchmark_id"]))
         checked.append((item, texts))
-    return [sample for item, texts in checked for sample in expand_item(item, distractors, texts, cats)]
+    samples, seen = [], set()
+    for (where, _), (item, texts) in zip(items, checked):
+        for sample in expand_item(item, distractors, texts, cats):
+            if sample["id"] in seen:  # e.g. one scenario listed twice: two samples would be one in every run file
+                scenario = sample.get("scenario", {}).get("id")
+                raise InputError(items_path, where, "privacy_scenarios" if scenario else "benchmark_id",
+                                 f"two samples get the id {sample['id']!r}" + (f" (scenario {scenario!r} is listed "
+                                                                               "twice)" if scenario else ""))
+            seen.add(sample["id"])
+            samples.append(sample)
+    return samples

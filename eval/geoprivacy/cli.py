@@ -129,13 +129,14 @@ def cmd_generate(args, generator=None) -> int:
 
 # --- judge / coordinates --------------------------------------------------------------------------------------
 
-def _read_run(path, required):
-    from data_prep.runs import read_jsonl
+def _read_run(path, required, made_by):
+    """(records, the line of the first record) of the run file a step reads, made by the step before it."""
+    from data_prep.runs import read_run
 
-    records = read_jsonl(path, required=required)
+    header, records = read_run(path, required=required, made_by=made_by)
     for r in records:
         r["id"] = data.label_id(r["id"])
-    return records
+    return records, 1 if header is None else 2
 
 
 def cmd_judge(args) -> int:
@@ -143,8 +144,11 @@ def cmd_judge(args) -> int:
 
     cache = args.cache or f"{args.out}.judge_cache.jsonl"
     check_outputs([args.input], [args.out, cache])
-    records = _read_run(args.input, ("id", "response"))
-    for n, record in enumerate(records, 1):  # a record without an error holds the answer to judge
+    records, first = _read_run(args.input, ("id", "response"), made_by=("geo generate",))
+    for n, record in enumerate(records, first):  # a record without an error holds the answer to judge
+        if record.get("setting", "free-form") != "free-form":  # also what the header says, for every record
+            raise InputError(args.input, n, "setting", f"{record['setting']!r}: geo judge labels free-form answers "
+                             "(geo metrics scores MCQ answers without a judge)")
         if not record.get("error") and not isinstance(record["response"], str):
             raise InputError(args.input, n, "response", f"expected the answer's text, got {record['response']!r} "
                              "(only a failed generation, with an error, has none)")
@@ -166,7 +170,7 @@ def cmd_coordinates(args) -> int:
 
     cache = args.cache or f"{args.out}.judge_cache.jsonl"
     check_outputs([args.input], [args.out, cache])
-    records = _read_run(args.input, ("id", "Q7-gen", "Q7-label"))
+    records, _ = _read_run(args.input, ("id", "Q7-gen", "Q7-label"), made_by=("geo judge",))
     RunFile(args.out, header={"step": "geo coordinates", "extract_model": args.extract_model}, new_run=args.new_run)
     from data_prep.secrets import register
 
