@@ -555,8 +555,12 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
               wandb: bool = False, wandb_project: str | None = None, overrides: dict | None = None,
               view: bool = True, wandb_samples: int = 100) -> dict:
     """Every section, then results.json, report.md, report.png and (`view`) the per-sample viewer in out/view."""
+    from data_prep.runs import check_outputs, claim_folder
+
     config = load_config(config_path, root, overrides)
     out = Path(out)
+    check_outputs([config_path], [], folders=[out])
+    claim_folder(out, "eval suite")  # a folder of the user's files (their README.md, results.json) is refused
     settings = settings_of(config, model)
     previous = out / "suite_settings.json"
     if previous.exists() and json.loads(previous.read_text()) != json.loads(json.dumps(settings)):

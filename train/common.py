@@ -255,6 +255,16 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
 
     check_resume(script_args, training_args, model_args, resume_checkpoint(training_args), fail)
     locks.acquire(out, "training output folder")  # held until the process ends: one training run per folder
+    if not any(out.glob("checkpoint-*")):  # a run's checkpoints make it that run's folder (resumed, or copied)
+        from data_prep.runs import claim_folder
+
+        # transformers writes README.md, config.json... there: a folder of the user's files is refused
+        claim_folder(out, training_command(), option="--output_dir", mark=False)
+
+
+def training_command() -> str:
+    """What an output folder's marker names as its maker (data_prep.runs.claim_folder): the training script."""
+    return f"train/{Path(sys.argv[0]).name}"
 
 
 def load_model_and_processor(model_args, script_args: SpyTuneArguments, training_args):

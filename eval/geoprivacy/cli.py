@@ -17,7 +17,7 @@ from pathlib import Path
 from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError, check_image, read_text
 from data_prep.numbers import int_at_least
-from data_prep.runs import RunFile, check_outputs, nonempty, warn_if_empty, warn_unequal_counts
+from data_prep.runs import RunFile, check_outputs, claim_files, nonempty, warn_if_empty, warn_unequal_counts
 from eval.geoprivacy import data
 from eval.geoprivacy.prompts import MAX_FOLLOWUPS, METHODS, PROMPT_FORMATS
 
@@ -226,6 +226,8 @@ def cmd_metrics(args) -> int:
     out_files = [Path(args.out) / "metrics.json", Path(args.out) / "metrics.md"] if args.out else []
     check_outputs([*args.files, args.labels, args.metadata, args.coordinates], out_files,
                   folders=[args.out] if args.out else [])
+    if args.out:
+        claim_files(args.out, [p.name for p in out_files])  # a user's metrics.md there: refused before any work
     labels = data.load_labels(args.labels)
     truth = None
     results, groups = {}, {}
