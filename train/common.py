@@ -254,12 +254,12 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
     from train.resume import check_resume
 
     check_resume(script_args, training_args, model_args, resume_checkpoint(training_args), fail)
-    locks.acquire(out, "training output folder")  # held until the process ends: one training run per folder
     if not any(out.glob("checkpoint-*")):  # a run's checkpoints make it that run's folder (resumed, or copied)
         from data_prep.runs import claim_folder
 
         # transformers writes README.md, config.json... there: a folder of the user's files is refused
         claim_folder(out, training_command(), option="--output_dir", mark=False)
+    locks.acquire(out, "training output folder")  # held until the process ends: one training run per folder
 
 
 def training_command() -> str:
