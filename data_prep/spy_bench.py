@@ -240,11 +240,10 @@ def build_samples(items_path, images_dir=None, distractors: bool = False, catego
     samples, seen = [], set()
     for (where, _), (item, texts) in zip(items, checked):
         for sample in expand_item(item, distractors, texts, cats):
-            if sample["id"] in seen:  # e.g. one scenario listed twice: two samples would be one in every run file
-                scenario = sample.get("scenario", {}).get("id")
-                raise InputError(items_path, where, "privacy_scenarios" if scenario else "benchmark_id",
-                                 f"two samples get the id {sample['id']!r}" + (f" (scenario {scenario!r} is listed "
-                                                                               "twice)" if scenario else ""))
+            if sample["id"] in seen:  # two samples would be one in every run file, and in every metric
+                raise InputError(items_path, where, "benchmark_id", f"a sample of this item gets the id "
+                                 f"{sample['id']!r}, which another item's sample has (ids are benchmark_id:p0|p1"
+                                 "[:scenario]); give this item another benchmark_id")
             seen.add(sample["id"])
             samples.append(sample)
     return samples
