@@ -633,7 +633,8 @@ def test_the_right_types_still_pass(suite_dir):
 
 def test_every_recipe_flag_and_list_option_refuses_the_wrong_type(tmp_path):
     """Every flag of the three trainers' recipes takes true or false only (quoted "no" is text, and truthy), every
-    list option a list (one value would reach PEFT as a pattern): the schema comes from the parser itself."""
+    list option a list of plain values, or one value (a list of one, as on the command line): the schema comes from
+    the parser itself."""
     from trl import DPOConfig, ModelConfig, SFTConfig, TrlParser
 
     from losses.nca_p_trainer import NCAPConfig
@@ -646,7 +647,9 @@ def test_every_recipe_flag_and_list_option_refuses_the_wrong_type(tmp_path):
         for key, kind in schema.items():
             if key == "help" or not (kind is bool or isinstance(kind, list)):
                 continue
-            for value, said in _wrong_values(kind)[:2]:
+            wrong = _wrong_values(kind)[:2] if kind is bool else [
+                ("{a: 1}", "expected a list, got a mapping"), ("[[a]]", "expected text or a number, got a list")]
+            for value, said in wrong:
                 recipe = tmp_path / "r.yaml"
                 recipe.write_text(f"max_steps: 1\n{key}: {value}\n")
                 with pytest.raises(InputError, match=rf"r\.yaml:2: {key}: {re.escape(said)}"):
@@ -654,8 +657,9 @@ def test_every_recipe_flag_and_list_option_refuses_the_wrong_type(tmp_path):
                 checked += 1
     assert checked > 100  # the flags and lists of three configs
     recipe = tmp_path / "ok.yaml"
-    recipe.write_text("add_distractors: false\nuse_peft: true\nlora_target_modules: [q_proj, 7]\n")
-    assert _read_recipe(recipe, actions)["lora_target_modules"] == ["q_proj", "7"]  # as the command line gives them
+    recipe.write_text("add_distractors: false\nuse_peft: true\nlora_target_modules: [q_proj, 7]\nloss_type: nca\n")
+    read = _read_recipe(recipe, actions)
+    assert read["lora_target_modules"] == ["q_proj", "7"] and read["loss_type"] == ["nca"]  # as the command line
 
 
 def test_a_recipe_flag_given_as_text_is_refused_by_the_training_script(tmp_path, monkeypatch):

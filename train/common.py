@@ -117,8 +117,8 @@ def _log_arguments(*parsed) -> None:
 
 def _recipe_schema(actions) -> dict:
     """Option -> the data_prep.strict_yaml schema of its recipe value: a flag takes true or false (never the text
-    "no", nor 1), a list option a list of plain values (never one value, which PEFT would read as a pattern);
-    anything else goes through argparse's conversion below."""
+    "no", nor 1), a list option a list of plain values (one value is a list of one, as on the command line:
+    `loss_type: sigmoid`); anything else goes through argparse's conversion below."""
     from data_prep.strict_yaml import ANY, TEXT
 
     schema = {}
@@ -151,6 +151,8 @@ def _read_recipe(path, actions) -> dict:
         if key not in actions:
             raise InputError(path, line, key, "unknown key" + did_you_mean(key, actions))
         action, value = actions[key], config[key]
+        if isinstance(schema[key], list) and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = config[key] = [value]  # `--loss_type sigmoid` is a list of one; never a string PEFT reads as a pattern
         if value is not None:
             strict_yaml.check(path, value, schema[key], key, line)
         if isinstance(value, list) and action.type is str:
