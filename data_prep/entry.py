@@ -103,6 +103,9 @@ def _run_main(main, *args, interrupted: str = RESUMES) -> int:
         _say(f"error: {closed} is closed; give the command somewhere to write it (a file, or /dev/null)")
         return 2
     try:
+        from data_prep.log import level_from_env
+
+        level_from_env()  # a bad PRIVACY_ALIGN_VERBOSITY: one line before any work, whichever command it is
         status = main(*args) or 0
         try:
             sys.stdout.flush()

@@ -123,17 +123,24 @@ def check_image(path, where=None, field=None, source=None) -> None:
     """Decode an image file fully (opening reads only the header), so a file that is not an image, or is
     truncated, is bad input here rather than a failure later. Errors name `source` (the file that refers to
     the image, with `where` / `field`) when given, else the image."""
+    import warnings
+
     from PIL import Image
 
     try:
         not_regular(path)
-        with Image.open(path) as image:
-            image.load()
+        with warnings.catch_warnings():  # PIL only warns up to twice its limit; past the limit is refused here
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                image.load()
     except FileNotFoundError:
         problem = "image not found"
     except InputError as err:
         problem = err.message
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        problem = (f"too many pixels (over {Image.MAX_IMAGE_PIXELS:,}, PIL's limit against decompression bombs); "
+                   "refused")
+    except (OSError, SyntaxError, ValueError) as err:
         problem = f"not a readable image ({type(err).__name__})"
     else:
         return

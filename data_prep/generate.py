@@ -82,6 +82,8 @@ def parse_json(text: str) -> dict:
             value = json.loads(candidate)
         except json.JSONDecodeError:
             continue
+        except RecursionError:  # a reply nested thousands deep: no item, whatever else it holds
+            raise Malformed("nested too deeply") from None
         if isinstance(value, dict):
             return value
     if REFUSAL.search(text):

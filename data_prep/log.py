@@ -38,10 +38,13 @@ class _Formatter(logging.Formatter):
 
 
 def level_from_env() -> int:
-    name = os.environ.get("PRIVACY_ALIGN_VERBOSITY", "info").lower()
-    if name not in LEVELS:
-        raise ValueError(f"PRIVACY_ALIGN_VERBOSITY={name!r}: use one of {', '.join(LEVELS)}")
-    return LEVELS[name]
+    """The level PRIVACY_ALIGN_VERBOSITY names; another value is bad input (every command checks it first)."""
+    from data_prep.errors import InputError
+
+    name = os.environ.get("PRIVACY_ALIGN_VERBOSITY", "info")
+    if name.strip().lower() not in LEVELS:
+        raise InputError("environment", None, "PRIVACY_ALIGN_VERBOSITY", f"{name!r}: use one of {', '.join(LEVELS)}")
+    return LEVELS[name.strip().lower()]
 
 
 def setup(level: int | None = None) -> None:

@@ -66,11 +66,18 @@ def read_jsonl(path, required: Iterable[str] = ()) -> list[dict]:
     return _parse_lines(path, read_text(path).split("\n"), required)[1]
 
 
-def read_run(path, required: Iterable[str] = ()) -> tuple[dict | None, list[tuple[int, dict]]]:
-    """(header or None, [(line number, record), ...]) of a run file: the numbers are the file's own lines (the
-    header line and blank lines counted), as an error message names them."""
+def read_run(path, required: Iterable[str] = (), made_by: Iterable[str] = ()
+             ) -> tuple[dict | None, list[tuple[int, dict]]]:
+    """(header or None, [(line number, record), ...]) of a run file that a step reads: the numbers are the file's
+    own lines (the header line and blank lines counted), as an error message names them. With `made_by`, a file
+    whose header names another step (a SPY run given to a GeoPrivacy judge) is refused. A file without a header
+    (written before headers, or released by the authors) is left to the caller's checks of its records."""
     numbers: list[int] = []
     header, records = _parse_lines(path, read_text(path).split("\n"), required, numbers=numbers)
+    made_by = tuple(made_by)
+    if made_by and header is not None and header.get("step") not in made_by:
+        raise InputError(path, 1, "run_header.step", f"this file was made by {header.get('step')!r}; this command "
+                         f"reads what {' or '.join(made_by)} writes")
     return header, list(zip(numbers, records))
 
 
@@ -312,30 +319,64 @@ def check_outputs(inputs: Iterable, outputs: Iterable, folders: Iterable = ()) -
             raise InputError(path, None, None, problem)
 
 
-MARKER = ".privacy-align-output"  # in an output folder: the command that made it (its files are that command's)
+MARKER = ".privacy-align-output"  # in an output folder: the command that made it, the files our commands wrote there
 
 
-def claim_folder(folder, command: str, own: Iterable[str] = ()) -> None:
+def _marker(folder: Path) -> dict:
+    try:
+        found = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def claim_folder(folder, command: str, own: Iterable[str] = (), option: str = "--out", mark: bool = True) -> None:
     """Refuse an output folder that holds files this command did not write there: it must be missing, empty, or
     made by the same command (its MARKER says so; a rerun replaces its own files), or hold only entries named in
     `own` (what the command builds there and reuses, e.g. the demo's tiny model). Call after the other checks;
-    the marker is written at once, so a killed run's folder is still recognised."""
+    the marker is written at once (`mark=False`: the check alone, the marker written later by a second call), so
+    a killed run's folder is still recognised."""
     own = set(own)
     folder = Path(folder)
-    marker = folder / MARKER
+    problem = unwritable(folder, is_folder=True)  # a probe file made and removed: what permission bits miss
+    if problem:
+        raise InputError(folder, None, None, problem)
+    marker = _marker(folder)
     if folder.is_dir():
-        try:
-            owner = json.loads(marker.read_text(encoding="utf-8")).get("command") if marker.is_file() else None
-        except (OSError, ValueError, AttributeError):
-            owner = None
+        owner = marker.get("command")
         if owner != command:
             foreign = next((p for p in sorted(folder.iterdir())
                             if p.name != MARKER and p.name not in own and not locks.is_lock_file(p)), None)
             if foreign is not None:
                 made = f"made by {owner}" if owner else "not made by this command"
                 raise InputError(folder, None, None, f"holds files {made} (e.g. {foreign.name}); an output folder "
-                                 "must be new, empty, or this command's own; choose another --out")
-    write_json(marker, {"command": command})
+                                 f"must be new, empty, or this command's own; choose another {option}")
+    if mark:
+        mark_folder(folder, command)
+
+
+def mark_folder(folder, command: str) -> None:
+    """Record in `folder` that `command` made it (claim_folder's check then lets that command write there again)."""
+    write_json(Path(folder) / MARKER, {**_marker(Path(folder)), "command": command})
+
+
+def claim_files(folder, names: Iterable[str], mark: bool = False, option: str = "--out") -> None:
+    """For commands that write a few named files into a folder that may hold others (a report beside its
+    inputs): refuse when one of `names` is there already and no command of ours wrote it (the folder's MARKER
+    lists what ours wrote), so a user's metrics.md is never overwritten. `mark=True`, just before writing:
+    record the names."""
+    folder = Path(folder)
+    marker = _marker(folder)
+    written = set(marker.get("files") or ())
+    if not mark:
+        mine = marker.get("command") is not None  # a folder one of our commands made: its files are ours
+        for name in names:
+            if (folder / name).exists() and name not in written and not mine:
+                raise InputError(folder / name, None, None, "is already there and was not written by this "
+                                 f"project's commands; an output never overwrites your file: choose another {option} "
+                                 "(or move the file)")
+        return
+    write_json(folder / MARKER, {**marker, "files": sorted(written | set(names))})
 
 
 def nonempty(text: str) -> str:

@@ -108,7 +108,7 @@ def load_items(path) -> list[tuple[object, dict]]:
 
 
 def _is_flag(value) -> bool:
-    return isinstance(value, (int, float)) and value in (0, 1)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value in (0, 1)
 
 
 
@@ -150,10 +150,12 @@ def check_item(item, where, path, distractors: bool, images_dir=None, categories
     if (not isinstance(templates, (list, tuple)) or len(templates) != 2
             or any(template_problem(t) for t in templates)):
         fail("instruct_templates", "expected two strings, each with one {} slot")
-    if distractors:
-        other = item.get("other_labels")
-        if not isinstance(other, dict) or not other:
-            fail("other_labels", "needed with distractors: an object of label -> 0/1")
+    other = item.get("other_labels")
+    if distractors and (not isinstance(other, dict) or not other):
+        fail("other_labels", "needed with distractors: an object of label -> 0/1")
+    if other is not None:  # checked when present, used or not: a NaN there is a broken file either way
+        if not isinstance(other, dict):
+            fail("other_labels", "expected an object of label -> 0/1")
         for key, value in other.items():
             if key not in texts:
                 fail(f"other_labels.{key}", cats.unknown_label(key, path))
@@ -235,4 +237,13 @@ def build_samples(items_path, images_dir=None, distractors: bool = False, catego
             raise InputError(items_path, where, "benchmark_id", f"duplicate benchmark_id {item['benchmark_id']!r}")
         ids.add(str(item["benchmark_id"]))
         checked.append((item, texts))
-    return [sample for item, texts in checked for sample in expand_item(item, distractors, texts, cats)]
+    samples, seen = [], set()
+    for (where, _), (item, texts) in zip(items, checked):
+        for sample in expand_item(item, distractors, texts, cats):
+            if sample["id"] in seen:  # two samples would be one in every run file, and in every metric
+                raise InputError(items_path, where, "benchmark_id", f"a sample of this item gets the id "
+                                 f"{sample['id']!r}, which another item's sample has (ids are benchmark_id:p0|p1"
+                                 "[:scenario]); give this item another benchmark_id")
+            seen.add(sample["id"])
+            samples.append(sample)
+    return samples

@@ -7,7 +7,10 @@ lazily by PyYAML, but whatever walks the result (JSON, a merge, a check) pays fo
 expanded tree holds more than `MAX_NODES` nodes ("billion laughs") is refused before it is constructed.
 
 `check_keys` refuses a key that is not in a schema, naming the key, its line and the closest known key; `check`
-walks a nested schema (a dict of key -> sub-schema, `ANY` for free values) so every level is strict.
+walks a nested schema so every level is strict, in its keys and in its types: a dict of key -> sub-schema wants a
+mapping, `[sub]` a list (never a scalar, which code would iterate character by character), a type or a tuple of
+types a value of one of them (`bool` wants true or false, never the text "no", which is truthy), `ANY` anything
+(a number is checked by data_prep/numbers.py, with its range).
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from data_prep.errors import InputError, read_text
 
 MAX_NODES = 200_000  # far above any real config (the default category file: 1,099 nodes, strict_yaml.expanded_size)
 ANY = None  # a schema leaf: any value, checked elsewhere
+TEXT = str  # schema leaves: a value of this type (or tuple of types; NOTHING lets a key be empty)
+NOTHING = type(None)
+KINDS = {str: "text", bool: "true or false", int: "a whole number", float: "a number", dict: "a mapping",
+         list: "a list", NOTHING: "nothing"}
 
 
 class Map(dict):
@@ -139,15 +146,40 @@ def check_keys(path, mapping, known: Iterable[str], field: str = "") -> None:
                              "unknown key" + did_you_mean(key, known) + f"; expected one of {', '.join(sorted(known))}")
 
 
-def check(path, value, schema, field: str = "") -> None:
-    """Walk `schema` over `value`: a dict schema needs a mapping whose keys it lists (each checked by its
-    sub-schema); a list of one schema checks every item of a list; ANY accepts anything. A value that has the
-    wrong shape for a dict schema is left to the caller's own checks, except a mapping where none is allowed."""
-    if isinstance(schema, dict) and isinstance(value, dict):
+def _is(value, kind) -> bool:
+    if isinstance(value, bool) or kind is bool:  # YAML's true is an int to Python; "no" is no bool
+        return isinstance(value, bool) and kind is bool
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+def _shown(value) -> str:
+    return "nothing" if value is None else "a mapping" if isinstance(value, dict) else \
+        "a list" if isinstance(value, list) else repr(value)
+
+
+def check(path, value, schema, field: str = "", line=None) -> None:
+    """Walk `schema` over `value` (see the module's docstring): the first key or value that does not fit raises
+    InputError naming `path`, the line and the dotted field. `line` is the value's own line when its parent knows
+    it (a scalar does not carry one)."""
+    if schema is ANY:
+        return
+    where = line or line_of(value)
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            raise InputError(path, where, field or None, f"expected a mapping, got {_shown(value)}")
         check_keys(path, value, schema, field)
         for key, sub in schema.items():
             if key in value:
-                check(path, value[key], sub, f"{field}.{key}" if field else key)
-    elif isinstance(schema, list) and isinstance(value, list):
-        for item in value:
-            check(path, item, schema[0], field)
+                check(path, value[key], sub, f"{field}.{key}" if field else key, line_of(value, key))
+    elif isinstance(schema, list):
+        if not isinstance(value, list):
+            hint = f" (write [{value}] for one)" if isinstance(value, str) else ""
+            raise InputError(path, where, field or None, f"expected a list, got {_shown(value)}{hint}")
+        lines = getattr(value, "item_lines", None) or [where] * len(value)
+        for item, item_line in zip(value, lines):
+            check(path, item, schema[0], field, item_line)
+    else:
+        kinds = schema if isinstance(schema, tuple) else (schema,)
+        if not any(_is(value, kind) for kind in kinds):
+            wanted = " or ".join(KINDS.get(kind, kind.__name__) for kind in kinds if not (kind is int and float in kinds))
+            raise InputError(path, where, field or None, f"expected {wanted}, got {_shown(value)}")

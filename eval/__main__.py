@@ -30,8 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(f"usage: python -m eval {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    log.setup()
-    return run_main(lambda: importlib.import_module(COMMANDS[argv[0]]).main(argv[1:]))
+    def command():
+        log.setup()  # inside the wrapper: a bad PRIVACY_ALIGN_VERBOSITY is one line
+        return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+
+    return run_main(command)
 
 
 if __name__ == "__main__":

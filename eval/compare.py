@@ -17,7 +17,7 @@ from pathlib import Path
 
 from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError, read_json
-from data_prep.runs import check_outputs, write_json, write_text
+from data_prep.runs import check_outputs, claim_files, write_json, write_text
 
 
 def load(folder) -> dict:
@@ -66,6 +66,7 @@ def compare(folders: list, out, names: list[str] | None = None, view: bool = Tru
     out = Path(out)
     check_outputs([], [out / "compare.md", out / "compare.json", out / "compare.png"],
                   folders=[out, *([out / "view"] if view else [])])
+    claim_files(out, ["compare.md", "compare.json", "compare.png"])  # a user's compare.md: refused, not overwritten
     runs = {name: load(folder) for name, folder in zip(names, folders)}
     without = [name for name, results in runs.items() if not isinstance(results.get("sections"), dict)]
     if view and without:  # a results.json made elsewhere: scores without the samples behind them
@@ -100,6 +101,7 @@ def compare(folders: list, out, names: list[str] | None = None, view: bool = Tru
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     table = markdown_table(rows, columns)
+    claim_files(out, ["compare.md", "compare.json", "compare.png"], mark=True)
     bar_chart(out / "compare.png", [f"{k[0]} {k[2]}\n{k[1]}" for k in keys],
               {name: [values[name].get(k) for k in keys] for name in names}, "leaderboard", "score (%)")
     write_text(out / "compare.md", f"# Leaderboard (deltas against {first})\n\n{table}"

@@ -37,29 +37,34 @@ from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError
 from data_prep.numbers import int_at_least
 from data_prep.runs import nonempty, write_json, write_text
+from data_prep.strict_yaml import ANY, NOTHING, TEXT
 
 SPY_SETTINGS = {"without_distractors": False, "with_distractors": True}
 SPY_HEADLINE = {"ics": "ICS", "hms": "HMS", "rta_nonconflict": "RtA", "ata_nonconflict": "AtA",
                 "ata_conflict": "AtA conflict"}
 SPATIAL_HEADLINE = {"q1": "Q1", "q2": "Q2", "q3": "Q3", "q4": "Q4", "q5": "Q5", "overall": "overall"}
 SPATIAL_MODES = ("one-pass", "staged", "guard")
-# Section -> the keys its YAML entry may hold (anything else is a typo, refused).
-# Section -> its schema (data_prep.strict_yaml.check: every level strict; ANY: a value checked below).
-ANY = None
+# Section -> its schema (data_prep.strict_yaml.check: every level strict, in keys and types; ANY: a number, checked
+# with its range by data_prep/numbers.py).
+PATH = TEXT
 SECTION_KEYS = {
-    "spy": dict.fromkeys(("items", "images", "settings", "limit", "categories", "self_moderation")),
-    "synthetic_general": dict.fromkeys(("data", "images", "limit")),
-    "spatialtrust": dict.fromkeys(("data", "image_root", "modes", "limit", "retries", "box_scale", "synthetic_images")),
-    "general": {"benchmarks": ANY, "datasets": dict.fromkeys(("mmmu", "ocrbench", "mme")), "limit": ANY,
-                "mmmu_splits": ANY},
-    "geo": dict.fromkeys(("images", "settings", "labels", "metadata", "limit")),
+    "spy": {"items": PATH, "images": PATH, "settings": [TEXT], "limit": ANY, "categories": (PATH, NOTHING),
+            "self_moderation": bool},
+    "synthetic_general": {"data": PATH, "images": PATH, "limit": ANY},
+    "spatialtrust": {"data": PATH, "image_root": (PATH, NOTHING), "modes": [TEXT], "limit": ANY, "retries": ANY,
+                     "box_scale": TEXT, "synthetic_images": ANY},
+    "general": {"benchmarks": [TEXT], "datasets": dict.fromkeys(("mmmu", "ocrbench", "mme"), TEXT), "limit": ANY,
+                "mmmu_splits": [TEXT]},
+    "geo": {"images": PATH, "settings": [TEXT], "labels": PATH, "metadata": PATH, "limit": ANY},
 }
-JUDGE_KEYS = ("model", "base_url", "api_key_env")
+JUDGE_KEYS = {"model": TEXT, "base_url": TEXT, "api_key_env": TEXT}
 GEO_SETTINGS = ("mcq", "free-form")
 GEO_HEADLINE = {"q7_accuracy": "Q7 accuracy", "q7_macro_f1": "Q7 macro-F1", "over_disclosure": "over-disclosure",
                 "abstention_violation": "abstention violation"}
 GENERAL = ("mmmu", "ocrbench", "mme")
-TOP_KEYS = {"name", "root", "backend", "backend_options", "judge", "sections", "wandb_project"}
+# judge (rule, or a mapping) and sections are checked by load_config; backend_options' keys by the backend
+TOP_KEYS = {"name": TEXT, "root": PATH, "backend": TEXT, "backend_options": (dict, NOTHING), "judge": ANY,
+            "sections": ANY, "wandb_project": (TEXT, NOTHING)}
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -103,10 +108,10 @@ def load_config(path, root: str | None = None, overrides: dict | None = None) ->
         raise InputError(path, None, None, "expected a mapping (name, backend, judge, sections)")
     secrets.refuse_in_config(path, config)  # a key in the file: refused, naming the variable to set
     _merge(config, overrides or {})
-    strict_yaml.check_keys(path, config, TOP_KEYS)
+    strict_yaml.check(path, config, TOP_KEYS)
     judge = config.get("judge", "rule")
     if isinstance(judge, dict):
-        strict_yaml.check_keys(path, judge, JUDGE_KEYS, "judge")
+        strict_yaml.check(path, judge, JUDGE_KEYS, "judge", strict_yaml.line_of(config, "judge"))
     backend = config.get("backend", "hf")
     if backend not in ("hf", "vllm", "openai"):
         raise InputError(path, strict_yaml.line_of(config, "backend"), "backend", "choose hf, vllm or openai")
@@ -121,9 +126,7 @@ def load_config(path, root: str | None = None, overrides: dict | None = None) ->
         raise InputError(path, None, "sections", "name at least one section: " + ", ".join(SECTION_KEYS))
     strict_yaml.check_keys(path, sections, SECTION_KEYS, "sections")
     for name, entry in sections.items():
-        if not isinstance(entry, dict):
-            raise InputError(path, strict_yaml.line_of(sections, name), f"sections.{name}", "expected a mapping")
-        strict_yaml.check(path, entry, SECTION_KEYS[name], f"sections.{name}")
+        strict_yaml.check(path, entry, SECTION_KEYS[name], f"sections.{name}", strict_yaml.line_of(sections, name))
     if judge != "rule" and not (isinstance(judge, dict) and isinstance(judge.get("model"), str)):
         raise InputError(path, None, "judge", "rule, or a mapping with model (and base_url, api_key_env)")
     base = Path(root if root is not None else config.get("root", "."))
@@ -171,6 +174,11 @@ def load_config(path, root: str | None = None, overrides: dict | None = None) ->
         bad = [m for m in spatial["modes"] if m not in SPATIAL_MODES]
         if bad:
             raise InputError(path, None, "sections.spatialtrust.modes", f"{bad[0]!r}: choose from {SPATIAL_MODES}")
+        from eval.spatialtrust.parsing import BOX_SCALES
+
+        if spatial.get("box_scale", "pixels") not in BOX_SCALES:
+            raise InputError(path, strict_yaml.line_of(spatial, "box_scale"), "sections.spatialtrust.box_scale",
+                             f"{spatial['box_scale']!r}: choose from {', '.join(BOX_SCALES)}")
     general = sections.get("general")
     if general is not None:
         general.setdefault("benchmarks", list(GENERAL))
@@ -549,8 +557,12 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
               wandb: bool = False, wandb_project: str | None = None, overrides: dict | None = None,
               view: bool = True, wandb_samples: int = 100) -> dict:
     """Every section, then results.json, report.md, report.png and (`view`) the per-sample viewer in out/view."""
+    from data_prep.runs import check_outputs, claim_folder
+
     config = load_config(config_path, root, overrides)
     out = Path(out)
+    check_outputs([config_path], [], folders=[out])
+    claim_folder(out, "eval suite")  # a folder of the user's files (their README.md, results.json) is refused
     settings = settings_of(config, model)
     previous = out / "suite_settings.json"
     if previous.exists() and json.loads(previous.read_text()) != json.loads(json.dumps(settings)):

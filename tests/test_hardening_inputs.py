@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -577,3 +578,199 @@ def test_deeply_nested_input_is_one_line_not_a_crash(tmp_path, name, text):
     reader = {"deep.yaml": strict_yaml.load, "deep.json": read_json, "deep.jsonl": read_jsonl}[name]
     with pytest.raises(InputError, match="nested too deeply|not YAML|not valid JSON"):
         reader(path)
+
+
+# ----------------------------------------------------------------------------------------------- issue 32: types
+def _wrong_values(schema):
+    """(value, what the refusal says) for a schema leaf: a scalar where a list goes, text where a flag goes,
+    a number or a list where text goes."""
+    if isinstance(schema, list):
+        return [("3", "expected a list, got 3"), ("without_distractors", "expected a list, got 'without_distractors'"),
+                ("{a: 1}", "expected a list, got a mapping")]
+    if schema is bool:
+        return [('"no"', "expected true or false, got 'no'"), ("1", "expected true or false, got 1")]
+    if isinstance(schema, dict):
+        return [("3", "expected a mapping, got 3"), ("[a]", "expected a mapping, got a list")]
+    if schema is str or (isinstance(schema, tuple) and str in schema):
+        return [("3", "expected text"), ("[a, b]", "expected text")]
+    return []
+
+
+def _suite_type_cases():
+    from eval.suite import SECTION_KEYS
+
+    return [(section, key, value, said) for section, keys in SECTION_KEYS.items() for key, schema in keys.items()
+            for value, said in _wrong_values(schema)]
+
+
+@pytest.mark.parametrize("section, key, value, said", _suite_type_cases(),
+                         ids=lambda v: str(v)[:24])
+def test_every_suite_value_of_the_wrong_type_is_refused(suite_dir, section, key, value, said):
+    """Every list, flag, path and mapping of every section (the schema itself lists them): refused naming the line
+    and the field, never iterated character by character nor taken as truthy."""
+    with pytest.raises(InputError, match=rf"suite\.yaml:5: sections\.{section}\.{key}: {re.escape(said)}"):
+        load_suite(suite_dir, f"sections:\n  {section}:\n    {key}: {value}\n")
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("sections:\n  spy: {items: q.json, images: ., settings: 3}\n", ["sections.spy.settings", "expected a list, got 3"]),
+    ("sections:\n  spy: {items: q.json, images: ., settings: without_distractors}\n",
+     ["sections.spy.settings", "write [without_distractors] for one"]),
+    ("sections:\n  spy: {items: q.json, images: ., self_moderation: \"no\"}\n",
+     ["sections.spy.self_moderation", "expected true or false, got 'no'"]),
+    ("judge: {model: [j]}\n" + SPY, [":3:", "judge.model: expected text"]),
+    ("backend_options: [4]\n" + SPY, [":3:", "backend_options: expected a mapping or nothing"]),
+], ids=["settings-3", "settings-text", "self-moderation-no", "judge-model-list", "options-list"])
+def test_a_suite_value_of_the_wrong_type_is_one_line_and_changes_nothing(suite_dir, text, needles):
+    suite_refused(suite_dir, text, *needles)
+
+
+def test_the_right_types_still_pass(suite_dir):
+    config = load_suite(suite_dir, "sections:\n  spy: {items: q.json, images: ., settings: [with_distractors], "
+                                   "self_moderation: false, categories: null}\n")
+    assert config["sections"]["spy"]["settings"] == ["with_distractors"]
+
+
+def test_every_recipe_flag_and_list_option_refuses_the_wrong_type(tmp_path):
+    """Every flag of the three trainers' recipes takes true or false only (quoted "no" is text, and truthy), every
+    list option a list of plain values, or one value (a list of one, as on the command line): the schema comes from
+    the parser itself."""
+    from trl import DPOConfig, ModelConfig, SFTConfig, TrlParser
+
+    from losses.nca_p_trainer import NCAPConfig
+    from train.common import SpyTuneArguments, _read_recipe, _recipe_schema
+
+    checked = 0
+    for config in (SFTConfig, DPOConfig, NCAPConfig):
+        actions = TrlParser((SpyTuneArguments, config, ModelConfig))._actions
+        schema = _recipe_schema(actions)
+        for key, kind in schema.items():
+            if key == "help" or not (kind is bool or isinstance(kind, list)):
+                continue
+            wrong = _wrong_values(kind)[:2] if kind is bool else [
+                ("{a: 1}", "expected a list, got a mapping"), ("[[a]]", "expected text or a number, got a list")]
+            for value, said in wrong:
+                recipe = tmp_path / "r.yaml"
+                recipe.write_text(f"max_steps: 1\n{key}: {value}\n")
+                with pytest.raises(InputError, match=rf"r\.yaml:2: {key}: {re.escape(said)}"):
+                    _read_recipe(recipe, actions)
+                checked += 1
+    assert checked > 100  # the flags and lists of three configs
+    recipe = tmp_path / "ok.yaml"
+    recipe.write_text("add_distractors: false\nuse_peft: true\nlora_target_modules: [q_proj, 7]\nloss_type: nca\n")
+    read = _read_recipe(recipe, actions)
+    assert read["lora_target_modules"] == ["q_proj", "7"] and read["loss_type"] == ["nca"]  # as the command line
+
+
+def test_a_recipe_flag_given_as_text_is_refused_by_the_training_script(tmp_path, monkeypatch):
+    recipe, parse = _recipe(tmp_path, "max_steps: 1\nadd_distractors: \"no\"\n", monkeypatch=monkeypatch)
+    with pytest.raises(InputError, match=rf"{recipe}:2: add_distractors: expected true or false, got 'no'"):
+        parse()
+
+
+@pytest.mark.parametrize("entry, needles", [
+    ("absolute: \"no\"", [":5:", "categories.x.absolute", "expected true or false"]),
+    ("example_questions: What is it?", [":5:", "categories.x.example_questions", "expected a list"]),
+    ("scenarios: {privacy: s1}", [":5:", "categories.x.scenarios.privacy", "expected a list"]),
+    ("name: [n]", [":3:", "categories.x.name", "expected a non-empty string"]),
+], ids=["absolute-text", "questions-scalar", "privacy-scalar", "name-list"])
+def test_a_category_file_value_of_the_wrong_type_is_one_line(tmp_path, entry, needles):
+    path = tmp_path / "c.yaml"
+    fields = [entry, "definition: d"] if entry.startswith("name") else ["name: x", "definition: d", entry]
+    path.write_text("categories:\n  x:\n" + "".join(f"    {field}\n" for field in fields))
+    before = snapshot(tmp_path)
+    proc = run_module("data_prep.categories", path, cwd=tmp_path, timeout=60)
+    assert_one_line(proc, str(path), *needles)
+    assert_unchanged(before, tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------- issue 32: outputs
+def test_a_training_folder_holding_a_users_readme_is_refused(tmp_path, synthetic_dir, tiny_model_dir, monkeypatch):
+    """transformers writes README.md (the model card) into output_dir: a folder of the user's is refused before
+    anything loads; a folder with a run's checkpoints (resumed, or copied to resume) is the run's."""
+    from trl import ModelConfig, SFTConfig
+
+    from train.common import SpyTuneArguments, check_run, parse_recipe
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "README.md").write_text("my notes")
+    before = snapshot(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["sft.py", str(ROOT / "recipes" / "demo" / "sft.yaml"), "--model_name_or_path",
+                                      str(tiny_model_dir), "--train_data_path", str(synthetic_dir / "train_data.json"),
+                                      "--image_folder", str(synthetic_dir), "--output_dir", str(out)])
+    with pytest.raises(InputError, match=r"mine: holds files not made by this command \(e\.g\. README\.md\).*"
+                                         r"choose another --output_dir"):
+        check_run(*parse_recipe(SpyTuneArguments, SFTConfig, ModelConfig))
+    assert_unchanged(before, tmp_path)
+    (out / "checkpoint-2").mkdir()
+    check_run(*parse_recipe(SpyTuneArguments, SFTConfig, ModelConfig))  # a run's folder: resumable
+    locks.release(out.resolve())
+
+
+def test_the_suite_refuses_a_users_folder_as_its_out(suite_dir):
+    out = suite_dir / "out"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    config = write_suite(suite_dir, SPY)
+    before = snapshot(suite_dir)
+    proc = run_module("eval", "suite", "--config", config, "--model", "m", "--out", out, "--root", suite_dir,
+                      cwd=suite_dir, timeout=120)
+    assert_one_line(proc, str(out), "results.json", "choose another --out")
+    assert_unchanged(before, suite_dir)
+
+
+def test_report_files_never_overwrite_a_users_file(tmp_path):
+    """A report command writes named files into a folder that may hold others (its inputs): one of those names
+    that no command of ours wrote is refused; once ours (the marker lists it), a rerun replaces it."""
+    from data_prep.runs import claim_files
+
+    (tmp_path / "metrics.md").write_text("my notes")
+    (tmp_path / "judged.jsonl").write_text("")
+    with pytest.raises(InputError, match=r"metrics\.md: is already there and was not written by this project"):
+        claim_files(tmp_path, ["metrics.json", "metrics.md"])
+    claim_files(tmp_path, ["report.md"])  # other names beside the user's files: fine
+    claim_files(tmp_path, ["report.md"], mark=True)
+    (tmp_path / "report.md").write_text("ours")
+    claim_files(tmp_path, ["report.md"])  # a rerun
+
+
+def test_geo_metrics_refuses_to_overwrite_a_users_metrics_md(tmp_path):
+    from test_geo_pipeline import IMAGES
+
+    labels = tmp_path / "labels.csv"
+    labels.write_text("id,Q1,Q2,Q3,Q4,Q5,Q6,Q7\n" + "".join(f"{k},{v[1]}\n" for k, v in IMAGES.items()))
+    run = tmp_path / "mcq.jsonl"
+    run.write_text("".join(json.dumps({"id": k, "setting": "mcq", "Q7-gen": "A", "Q7-label": "A"}) + "\n"
+                           for k in IMAGES))
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "metrics.md").write_text("my own metrics")
+    before = snapshot(tmp_path)
+    proc = run_module("eval", "geo", "metrics", run, "--labels", labels, "--out", report, cwd=tmp_path, timeout=120)
+    assert_one_line(proc, str(report / "metrics.md"), "not written by this project's commands")
+    assert_unchanged(before, tmp_path)
+
+
+@pytest.mark.parametrize("command", ["suite", "spy-generate", "synthetic"])
+def test_an_out_under_a_folder_that_refuses_writes_is_refused_before_any_work(suite_dir, command):
+    """/sys: root's permission bits say yes, creating a file there fails; the probe file finds it (exit 2 at once),
+    not the first write after the work (exit 1)."""
+    if os.access("/sys", os.W_OK) and paths_probe_ok("/sys"):
+        pytest.skip("/sys takes files on this machine")
+    config = write_suite(suite_dir, SPY)
+    argv = {"suite": ("eval", "suite", "--config", config, "--model", "m", "--out", "/sys/privacy-align-out"),
+            "spy-generate": ("eval", "spy", "generate", "--items", "q.json", "--images", ".", "--model", "m",
+                             "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", "--out",
+                             "/sys/privacy-align-out/run.jsonl"),
+            "synthetic": ("data_prep.synthetic", "--out", "/sys/privacy-align-out")}[command]
+    before = snapshot(suite_dir)
+    proc = run_module(*argv, cwd=suite_dir, timeout=120)
+    assert_one_line(proc, "/sys/privacy-align-out", "cannot")
+    assert_unchanged(before, suite_dir)
+
+
+def paths_probe_ok(folder) -> bool:
+    from data_prep.errors import write_probe
+
+    return write_probe(folder) is None

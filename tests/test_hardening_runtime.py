@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -643,3 +644,153 @@ def test_spatialtrust_q2_choices_are_normalised_like_q1(choices, expected):
          "evidence": [{"option": "B", "box": [0, 0, 10, 10]}]}
     boxes = {choice: [[0, 0, 10, 10]] for choice in choices}
     assert score_choice_set(q, {"choices": choices, "boxes": boxes}, 100, 100)[0] == expected
+
+
+# ------------------------------------------------------------------------------------ issue 32: third parties
+@pytest.mark.parametrize("targets, needles", [
+    (["qq_proj"], ["lora_target_modules: 'qq_proj' matches no module", "did you mean q_proj?"]),
+    (["model"], ["lora_target_modules: Target module Qwen2VLModel is not supported"]),
+    (["q_proj", "lm_head"], ["lora_target_modules: an adapter on lm_head would never train"]),
+], ids=["one-unmatched", "a-container", "lm-head"])
+def test_lora_targets_peft_refuses_are_one_line_before_weights_load(trained, monkeypatch, tiny_model_dir, tmp_path,
+                                                                    targets, needles):
+    """PEFT's and TRL's refusals, found on the model's skeleton (meta device) in the checks, not as a traceback once
+    the weights are loaded."""
+    _, data, _ = trained
+    before = snapshot(tmp_path)
+    proc = checked_in_process(monkeypatch, recipe_argv(tiny_model_dir, data, tmp_path / "lora", "--use_peft", "true",
+                                                       "--lora_target_modules", *targets))
+    check(proc, tmp_path, before, "command line", *needles)
+
+
+def test_one_lora_target_stays_a_module_name(trained, monkeypatch, tiny_model_dir, tmp_path):
+    """TRL makes a one-item list its item, which PEFT reads as a pattern of the whole module path (`q_proj` then
+    matches nothing): a plain name is kept a name."""
+    from trl import ModelConfig, SFTConfig
+
+    from train.common import SpyTuneArguments, check_peft, parse_recipe
+
+    _, data, _ = trained
+    monkeypatch.setattr(sys, "argv", ["sft.py", *recipe_argv(tiny_model_dir, data, tmp_path / "lora", "--use_peft",
+                                                              "true", "--lora_target_modules", "q_proj")])
+    _, training_args, model_args = parse_recipe(SpyTuneArguments, SFTConfig, ModelConfig)
+    assert model_args.lora_target_modules == "q_proj"  # what TRL hands over
+    check_peft(model_args, training_args, lambda name, message: pytest.fail(message))
+    assert model_args.lora_target_modules == ["q_proj"]
+
+
+@pytest.fixture(scope="module")
+def bad_images(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad-images")
+    (d / "empty.png").write_bytes(b"")
+    Image.new("RGB", (64, 64), (10, 200, 30)).save(d / "whole.png")
+    whole = (d / "whole.png").read_bytes()
+    (d / "truncated.png").write_bytes(whole[: len(whole) // 2])
+    Image.new("1", (10_000, 10_000)).save(d / "bomb.png")  # 100 M pixels: over PIL's limit (a few KB on disk)
+    return d
+
+
+@pytest.mark.parametrize("name, said", [("empty.png", "not a readable image"), ("truncated.png", "not a readable image"),
+                                        ("bomb.png", "too many pixels"), ("missing.png", "image not found")])
+def test_train_chat_names_the_bad_image_before_loading_the_model(bad_images, tiny_model_dir, name, said):
+    before = snapshot(bad_images)
+    proc = run_module("train.chat", "--model", tiny_model_dir, "--image", bad_images / name, "--question", "q",
+                      cwd=bad_images, env=QUIET, timeout=120)
+    line = check(proc, bad_images, before, str(bad_images / name), said)
+    assert "--model" not in line
+
+
+def test_a_decompression_bomb_is_refused_by_every_image_check(bad_images):
+    from data_prep.errors import check_image
+
+    with pytest.raises(InputError, match="too many pixels"):
+        check_image(bad_images / "bomb.png", 3, "question_item.image_path", source="items.json")
+
+
+def _judged_geo(folder: Path) -> Path:
+    path = folder / "judged.jsonl"
+    records = [{"id": str(100 + n), "Q7-gen": f"Somewhere {n}", "Q7-label": "C"} for n in range(40)]
+    path.write_text(json.dumps({"run_header": {"step": "geo judge", "judge_model": "j"}}) + "\n"
+                    + "".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_an_unavailable_geocoder_stops_at_once_with_one_line(work):
+    """Nothing answers at the geocoder's address: after geopy's retries of the first request the run stops, one
+    line, no traceback per request (geopy logs one at each retry), not 40 records of errors and exit 0."""
+    judged = _judged_geo(work)
+    with ChatServer(lambda request: '"Paris"') as server:
+        before = snapshot(work)
+        proc = run_module("eval", "geo", "coordinates", judged, "--out", "coords.jsonl", "--extract-model", "x",
+                          "--base-url", server.base_url, "--geocoder-key-env", "GEO_KEY", "--geocoder-url",
+                          "http://127.0.0.1:9/maps/api/geocode/json", cwd=work, env={**QUIET, "GEO_KEY": "k" * 20},
+                          timeout=120)
+    assert_no_canary(work, proc.stdout, proc.stderr)
+    assert_one_line(without_progress(proc), "127.0.0.1:9", "the geocoder does not answer", "run the same command")
+    written = {k for k in snapshot(work) if k not in before}
+    assert written <= {"coords.jsonl.judge_cache.jsonl"}, written  # the extraction replies, kept for the rerun
+
+
+def test_a_reply_nested_thousands_deep_is_malformed_not_a_crash():
+    from data_prep.generate import Malformed, parse_json
+
+    with pytest.raises(Malformed, match="nested too deeply"):
+        parse_json('{"question": ' + "[" * 100_000 + "]" * 100_000 + "}")
+
+
+def test_items_whose_sample_ids_collide_are_refused(work):
+    """Distinct benchmark ids whose samples' ids are equal (`<id>:p<0|1>[:<scenario>]`): item 2's scenario p1
+    and item 3's id 00000002:p1 both make 00000002:p1:p1, which would be one sample in every run file."""
+    items = json.loads((work / "q.json").read_text())
+    items["benchmark_list"][2]["privacy_scenarios"][0]["scenario"] = "p1"
+    items["benchmark_list"][3]["benchmark_id"] = "00000002:p1"
+    (work / "q.json").write_text(json.dumps(items, indent=1))
+    before = snapshot(work)
+    proc = run_module("eval", *spy_generate("--base-url", "http://127.0.0.1:9/v1"), cwd=work, env=QUIET, timeout=60)
+    check(proc, work, before, "q.json", "benchmark_id", "gets the id '00000002:p1:p1', which another item's sample has")
+
+
+def _command_modules() -> list[str]:
+    """Every module with a command line (a real `__main__` block), as `python -m` runs it."""
+    modules = []
+    for package in ("data_prep", "train", "eval"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.name != "__init__.py" and re.search(r'^if __name__ == "__main__":', path.read_text(), re.M):
+                module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+                modules.append(module.removesuffix(".__main__"))
+    return modules
+
+
+def test_an_unknown_verbosity_is_one_line_in_every_command(tmp_path):
+    modules = _command_modules()
+    assert {"eval", "data_prep.generate", "train.sft", "train.chat", "data_prep.synthetic"} <= set(modules)
+    for module in modules:
+        before = snapshot(tmp_path)
+        argv = ["spy", "judge", "x.jsonl", "--judge", "rule", "--out", "j.jsonl"] if module == "eval" else []
+        proc = run_module(module, *argv, cwd=tmp_path, env={**QUIET, "PRIVACY_ALIGN_VERBOSITY": "loud"}, timeout=120)
+        check(proc, tmp_path, before, "PRIVACY_ALIGN_VERBOSITY", "'loud': use one of debug, info")
+
+
+# ------------------------------------------------------------------------------------ issue 32: earlier battery
+def test_nan_in_other_labels_is_refused_without_distractors_too(work):
+    items = json.loads((work / "q.json").read_text())
+    items["benchmark_list"][5]["other_labels"] = {"a25_nationality": 0.5, "a1_age_approx": float("nan")}
+    (work / "q.json").write_text(json.dumps(items))
+    before = snapshot(work)
+    proc = run_module("eval", *spy_generate("--base-url", "http://127.0.0.1:9/v1"), cwd=work, env=QUIET, timeout=60)
+    check(proc, work, before, "q.json", "other_labels.a1_age_approx: expected 0 or 1, got nan")
+
+
+@pytest.mark.parametrize("header, records, needles", [
+    ({"step": "spy generate", "model": "m"}, [{"id": "1:p0", "response": "Mexican."}],
+     [":1: run_header.step: this file was made by 'spy generate'", "geo generate"]),
+    ({"step": "geo generate", "model": "m", "setting": "mcq"}, [{"id": "101", "setting": "mcq", "response": "A"}],
+     [":2: setting: 'mcq': geo judge labels free-form answers"]),
+], ids=["a-spy-run", "an-mcq-run"])
+def test_the_geo_judge_refuses_a_run_without_geoprivacy_free_form_answers(work, header, records, needles):
+    (work / "gen.jsonl").write_text(json.dumps({"run_header": header}) + "\n"
+                                    + "".join(json.dumps(r) + "\n" for r in records))
+    before = snapshot(work)
+    proc = run_module("eval", "geo", "judge", "gen.jsonl", "--judge-model", "j", "--base-url",
+                      "http://127.0.0.1:9/v1", "--out", "judged.jsonl", cwd=work, env=QUIET, timeout=60)
+    check(proc, work, before, "gen.jsonl", *needles)

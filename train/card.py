@@ -288,6 +288,10 @@ def attach(trainer, method: str, script_args, training_args, model_args) -> None
     from train.resume import RunSettings, run_settings
 
     trainer.add_callback(RunSettings(run_settings(script_args, training_args, model_args)))  # in every checkpoint
+    from data_prep.runs import mark_folder
+    from train.common import training_command
+
+    mark_folder(training_args.output_dir, training_command())  # all input checked: the folder is this run's now
 
 
 def finish(trainer, method: str, script_args, training_args, model_args) -> None:
@@ -343,6 +347,7 @@ def publish(output_dir, hub_model_id: str | None, private: bool | None = None,
     api = HfApi(token=os.environ.get("HF_TOKEN"))
     api.create_repo(hub_model_id, private=private, exist_ok=True)
     api.upload_folder(repo_id=hub_model_id, folder_path=output_dir, commit_message=message,
-                      ignore_patterns=["checkpoint-*", "*.pt", "runs/*", "training_args.bin", "train_metrics.json"])
+                      ignore_patterns=["checkpoint-*", "*.pt", "runs/*", "training_args.bin", "train_metrics.json",
+                                       ".privacy-align-output"])
     print(f"published {output_dir} to {api.endpoint}/{hub_model_id}", flush=True)
     return hub_model_id

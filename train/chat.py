@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from data_prep.entry import ArgumentParser, run_command
+from data_prep.errors import check_image
 from data_prep.numbers import option
 
 
@@ -43,9 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--question", required=True)
     parser.add_argument("--max-new-tokens", type=option("max_new_tokens"), default=256)
     args = parser.parse_args(argv)
-    if not Path(args.image).is_file():
-        print(f"error: --image {args.image}: no such file", file=sys.stderr)
-        return 2
+    check_image(args.image)  # before the model loads: a missing, empty, truncated or oversized image names itself
     if args.max_new_tokens < 1:
         print("error: --max-new-tokens must be at least 1", file=sys.stderr)
         return 2

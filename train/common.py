@@ -71,7 +71,7 @@ def parse_recipe(*dataclass_types):
     parser = Parser(dataclass_types, allow_abbrev=False)
     argv = sys.argv[1:]
     if argv and argv[0].endswith((".yaml", ".yml")):
-        config = _read_recipe(argv[0], {action.dest: action for action in parser._actions})
+        config = _read_recipe(argv[0], parser._actions)
         env = config.pop("env", None) or {}
         if not isinstance(env, dict):
             raise InputError(argv[0], None, "env", "expected a mapping of variable: value")
@@ -115,12 +115,31 @@ def _log_arguments(*parsed) -> None:
             logger.info("%s: %s", type(args).__name__, json.dumps(non_default_arguments(args)))
 
 
-def _read_recipe(path, actions: dict) -> dict:
-    """The recipe's `key: value` pairs, each a known option; a value argparse will not convert (it converts only
-    strings, and YAML has typed the rest) is handed over as text when it is not of the option's type, so
-    `max_steps: 1.5` fails as `--max_steps 1.5` does."""
+def _recipe_schema(actions) -> dict:
+    """Option -> the data_prep.strict_yaml schema of its recipe value: a flag takes true or false (never the text
+    "no", nor 1), a list option a list of plain values (one value is a list of one, as on the command line:
+    `loss_type: sigmoid`); anything else goes through argparse's conversion below."""
+    from data_prep.strict_yaml import ANY, TEXT
+
+    schema = {}
+    for action in actions:
+        if action.nargs == 0 or getattr(action.type, "__name__", None) == "string_to_bool":
+            schema[action.dest] = bool  # the option, or its `--no_` twin
+        elif action.nargs in ("+", "*"):
+            schema.setdefault(action.dest, [(TEXT, int, float)])
+        else:
+            schema.setdefault(action.dest, ANY)
+    return schema
+
+
+def _read_recipe(path, actions) -> dict:
+    """The recipe's `key: value` pairs, each a known option of the type it takes (`_recipe_schema`); a value
+    argparse will not convert (it converts only strings, and YAML has typed the rest) is handed over as text when
+    it is not of the option's type, so `max_steps: 1.5` fails as `--max_steps 1.5` does."""
     from data_prep import secrets, strict_yaml
 
+    schema = _recipe_schema(actions)
+    actions = {action.dest: action for action in actions}
     config = strict_yaml.load(path)  # duplicate keys, alias bombs, FIFOs refused, with lines
     if not isinstance(config, dict):
         raise InputError(path, None, None, "expected `key: value` lines (a YAML mapping)")
@@ -132,6 +151,12 @@ def _read_recipe(path, actions: dict) -> dict:
         if key not in actions:
             raise InputError(path, line, key, "unknown key" + did_you_mean(key, actions))
         action, value = actions[key], config[key]
+        if isinstance(schema[key], list) and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = config[key] = [value]  # `--loss_type sigmoid` is a list of one; never a string PEFT reads as a pattern
+        if value is not None:
+            strict_yaml.check(path, value, schema[key], key, line)
+        if isinstance(value, list) and action.type is str:
+            config[key] = [str(item) for item in value]  # as the command line gives them
         kind = getattr(action.type, "__name__", None)
         if value is None or action.nargs not in (None, "?") or kind not in _ACCEPTS or _ACCEPTS[kind](value):
             continue
@@ -206,6 +231,7 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
         load_categories(script_args.categories)  # a bad file: InputError naming its line and field
     if model_args.use_peft and not model_args.lora_target_modules:
         _default_lora_targets(model_args, training_args, fail)
+    check_peft(model_args, training_args, fail)
     _check_paths(script_args, training_args, model_args, fail)
 
 
@@ -253,7 +279,17 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
     from train.resume import check_resume
 
     check_resume(script_args, training_args, model_args, resume_checkpoint(training_args), fail)
+    if not any(out.glob("checkpoint-*")):  # a run's checkpoints make it that run's folder (resumed, or copied)
+        from data_prep.runs import claim_folder
+
+        # transformers writes README.md, config.json... there: a folder of the user's files is refused
+        claim_folder(out, training_command(), option="--output_dir", mark=False)
     locks.acquire(out, "training output folder")  # held until the process ends: one training run per folder
+
+
+def training_command() -> str:
+    """What an output folder's marker names as its maker (data_prep.runs.claim_folder): the training script."""
+    return f"train/{Path(sys.argv[0]).name}"
 
 
 def load_model_and_processor(model_args, script_args: SpyTuneArguments, training_args):
@@ -281,6 +317,45 @@ def check_lora_targets(model, targets, option: str) -> None:
             leaves = sorted({name.rsplit(".", 1)[-1] for name in names if name})
             raise option_error(option, f"{target!r} matches no module of {_model_name(model)}"
                                        f"{did_you_mean(target, leaves)}")
+
+
+def check_peft(model_args, training_args, fail) -> None:
+    """The LoRA options applied as PEFT applies them, to the model's skeleton (meta device: no weights read or
+    allocated), before anything loads: a target that matches no module, or one PEFT cannot adapt, is one line."""
+    if not model_args.use_peft:
+        return
+    targets = model_args.lora_target_modules
+    if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
+        # TRL's ModelConfig turns a one-item list into its item, which PEFT reads as a regular expression of the
+        # whole module path: `--lora_target_modules q_proj` would match nothing. A plain name stays a name.
+        model_args.lora_target_modules = [targets]
+    import torch
+    from peft import inject_adapter_in_model
+    from transformers import AutoConfig, AutoModelForImageTextToText
+    from trl import get_peft_config
+
+    trust = training_args.trust_remote_code
+    try:
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
+                                            trust_remote_code=trust)
+        with torch.device("meta"):
+            skeleton = AutoModelForImageTextToText.from_config(config, trust_remote_code=trust)
+    except (OSError, ValueError, KeyError):
+        return  # not a model this can build: loading it names the problem
+    check_lora_targets(skeleton, model_args.lora_target_modules, "lora_target_modules")
+    check_lora_targets(skeleton, model_args.lora_modules_to_save, "lora_modules_to_save")
+    try:
+        with torch.device("meta"):
+            inject_adapter_in_model(get_peft_config(model_args), skeleton)
+    except (ValueError, TypeError) as err:  # PEFT's own refusals (NoMatchingPeftModuleError is a ValueError)
+        message = re.sub(r"Target module (\w+)\(.*\) is not supported", r"Target module \1 is not supported",
+                         " ".join(str(err).split()))  # PEFT prints the whole module
+        fail("lora_target_modules", message)
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    if isinstance(skeleton.get_output_embeddings(), BaseTunerLayer):  # TRL's trainers refuse it after loading
+        fail("lora_target_modules", "an adapter on lm_head would never train (TRL computes the log-probabilities "
+             "from lm_head.weight directly); remove it")
 
 
 def _model_name(model) -> str:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from data_prep.entry import ArgumentParser, run_command
+from data_prep.runs import check_outputs
 
 
 def fail(message: str) -> None:
@@ -34,6 +35,7 @@ def merge(adapter, out, dtype: str = "auto") -> Path:
         fail(f"{adapter}: no adapter_config.json (not a LoRA adapter folder)")
     if out.exists() and any(out.iterdir()):
         fail(f"{out}: exists and is not empty; choose another --out")
+    check_outputs([adapter], [], folders=[out, out.with_name(out.name + ".partial")])  # writable, not the adapter
     base = json.loads(config_path.read_text()).get("base_model_name_or_path")
     if not base:
         fail(f"{config_path}: base_model_name_or_path is missing")

@@ -19,7 +19,7 @@ from pathlib import Path
 from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError
 from data_prep.numbers import int_at_least
-from data_prep.runs import RunFile, check_outputs, nonempty
+from data_prep.runs import RunFile, check_outputs, claim_files, nonempty
 from eval.general import mme, mmmu, ocrbench, results
 
 logger = logging.getLogger(__name__)
@@ -155,8 +155,10 @@ def report(args) -> int:
 
     general = resolve_general(args.general_dir, {b: getattr(args, b) for b in BENCHES})
     out = Path(args.out)
-    check_outputs([r["path"] for r in general.values()],
-                  [out / f"general_report.{ext}" for ext in ("md", "json", "png")], folders=[out])
+    names = [f"general_report.{ext}" for ext in ("md", "json", "png")]
+    check_outputs([r["path"] for r in general.values()], [out / name for name in names], folders=[out])
+    claim_files(out, names)  # a user's file of one of these names is refused, not overwritten
+    claim_files(out, names, mark=True)
     write_report(general, args.out, label=args.label)
     print(f"wrote {Path(args.out) / 'general_report.md'} (.json, .png)")
     return 0

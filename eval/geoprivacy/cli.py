@@ -17,7 +17,7 @@ from pathlib import Path
 from data_prep.entry import ArgumentParser
 from data_prep.errors import InputError, check_image, read_text
 from data_prep.numbers import int_at_least
-from data_prep.runs import RunFile, check_outputs, nonempty, warn_if_empty, warn_unequal_counts
+from data_prep.runs import RunFile, check_outputs, claim_files, nonempty, warn_if_empty, warn_unequal_counts
 from eval.geoprivacy import data
 from eval.geoprivacy.prompts import MAX_FOLLOWUPS, METHODS, PROMPT_FORMATS
 
@@ -129,13 +129,15 @@ def cmd_generate(args, generator=None) -> int:
 
 # --- judge / coordinates --------------------------------------------------------------------------------------
 
-def _read_run(path, required):
-    from data_prep.runs import read_jsonl
+def _read_run(path, required, made_by):
+    """(records, the line of the first record) of the run file a step reads, made by the step before it."""
+    from data_prep.runs import read_run
 
-    records = read_jsonl(path, required=required)
+    header, numbered = read_run(path, required=required, made_by=made_by)
+    records = [r for _, r in numbered]
     for r in records:
         r["id"] = data.label_id(r["id"])
-    return records
+    return records, 1 if header is None else 2
 
 
 def cmd_judge(args) -> int:
@@ -143,8 +145,11 @@ def cmd_judge(args) -> int:
 
     cache = args.cache or f"{args.out}.judge_cache.jsonl"
     check_outputs([args.input], [args.out, cache])
-    records = _read_run(args.input, ("id", "response"))
-    for n, record in enumerate(records, 1):  # a record without an error holds the answer to judge
+    records, first = _read_run(args.input, ("id", "response"), made_by=("geo generate",))
+    for n, record in enumerate(records, first):  # a record without an error holds the answer to judge
+        if record.get("setting", "free-form") != "free-form":  # also what the header says, for every record
+            raise InputError(args.input, n, "setting", f"{record['setting']!r}: geo judge labels free-form answers "
+                             "(geo metrics scores MCQ answers without a judge)")
         if not record.get("error") and not isinstance(record["response"], str):
             raise InputError(args.input, n, "response", f"expected the answer's text, got {record['response']!r} "
                              "(only a failed generation, with an error, has none)")
@@ -166,7 +171,7 @@ def cmd_coordinates(args) -> int:
 
     cache = args.cache or f"{args.out}.judge_cache.jsonl"
     check_outputs([args.input], [args.out, cache])
-    records = _read_run(args.input, ("id", "Q7-gen", "Q7-label"))
+    records, _ = _read_run(args.input, ("id", "Q7-gen", "Q7-label"), made_by=("geo judge",))
     RunFile(args.out, header={"step": "geo coordinates", "extract_model": args.extract_model}, new_run=args.new_run)
     from data_prep.secrets import register
 
@@ -222,6 +227,8 @@ def cmd_metrics(args) -> int:
     out_files = [Path(args.out) / "metrics.json", Path(args.out) / "metrics.md"] if args.out else []
     check_outputs([*args.files, args.labels, args.metadata, args.coordinates], out_files,
                   folders=[args.out] if args.out else [])
+    if args.out:
+        claim_files(args.out, [p.name for p in out_files])  # a user's metrics.md there: refused before any work
     labels = data.load_labels(args.labels)
     truth = None
     results, groups = {}, {}

@@ -9,15 +9,22 @@ the metrics treat as unparsable, like `D`).
 
 from __future__ import annotations
 
+import logging
 import re
 import urllib.parse
 
-from geopy.exc import GeocoderAuthenticationFailure, GeocoderInsufficientPrivileges, GeopyError
+from geopy.exc import (
+    GeocoderAuthenticationFailure,
+    GeocoderInsufficientPrivileges,
+    GeocoderTimedOut,
+    GeocoderUnavailable,
+    GeopyError,
+)
 from geopy.extra.rate_limiter import RateLimiter
 from geopy.geocoders import GoogleV3
 from tqdm import tqdm
 
-from data_prep.errors import key_refused
+from data_prep.errors import InputError, key_refused
 from data_prep.runs import RunFile, iter_chunks
 from eval.geoprivacy.prompts import PROMPTS, extraction_messages, judge_messages
 
@@ -106,7 +113,8 @@ class GoogleGeocoder:
         if parts.path != GoogleV3.api_path:
             raise ValueError(f"geocoder url {url!r}: the path must be {GoogleV3.api_path} (GoogleV3's)")
         google = _KeyCheckingGoogleV3(api_key=api_key, domain=parts.netloc, scheme=parts.scheme, timeout=timeout)
-        endpoint = f"{parts.scheme}://{parts.netloc}{parts.path}"
+        endpoint = self.endpoint = f"{parts.scheme}://{parts.netloc}{parts.path}"
+        logging.getLogger("geopy").setLevel(logging.ERROR)  # its retries log a traceback each; the error is ours
 
         def geocode(*args, **kwargs):
             try:
@@ -158,6 +166,11 @@ def coordinates_run(client, geocoder, records: list[dict], out_path, new_run: bo
                 found = geocoder.geocode(name) if name else None
                 if found is None:
                     found = geocoder.geocode(record["Q7-gen"].strip())
+            except (GeocoderUnavailable, GeocoderTimedOut) as err:  # after retries: every other request would too
+                run.append_many(out)  # what was finished is kept
+                raise InputError(getattr(geocoder, "endpoint", "the geocoder"), None, None,
+                                 f"the geocoder does not answer ({type(err).__name__}: {err}); check --geocoder-url "
+                                 "and the network, then run the same command again (it resumes)") from None
             except GeopyError as err:
                 out.append({"id": record["id"], "extracted_address": name, "error": f"geocode: {err}"})
                 continue

@@ -57,13 +57,17 @@ def _slug(name: str) -> str:
 
 def write_report(out: dict, out_dir) -> str:
     """Write metrics.json, metrics.md and q7_confusion_<file>.png into `out_dir`; returns the markdown."""
-    from data_prep.runs import write_json, write_text
+    from data_prep.runs import claim_files, write_json, write_text
     from eval.report import heatmap
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    drawn = {name for name, entry in out["files"].items()
+             if entry.get("confusion_matrix") and any(map(any, entry["confusion_matrix"]))}
+    names = ["metrics.json", "metrics.md", *(f"q7_confusion_{_slug(name)}.png" for name in drawn)]
+    claim_files(out_dir, names)  # a file of the user's with one of these names is refused, not overwritten
+    claim_files(out_dir, names, mark=True)
     for name, entry in out["files"].items():
-        if entry.get("confusion_matrix") and any(map(any, entry["confusion_matrix"])):
+        if name in drawn:
             path = out_dir / f"q7_confusion_{_slug(name)}.png"
             heatmap(path, entry["confusion_matrix"], ["gold A", "gold B", "gold C"], ["pred A", "pred B", "pred C"],
                     f"Q7 {entry['setting']}: {name}"[:80])

@@ -31,6 +31,7 @@ from data_prep.numbers import int_at_least, option, positive_float
 from data_prep.runs import (
     RunFile,
     check_outputs,
+    claim_files,
     nonempty,
     read_jsonl,
     read_run,
@@ -304,6 +305,7 @@ def report(metrics_files: list, out_dir, names: list[str] | None = None, metric:
     outputs = [out_dir / name for name in ("spy_report.md", "spy_report.json", "spy_overall.png",
                                            f"spy_by_label_{metric}.png")]
     check_outputs(metrics_files, outputs, folders=[out_dir])
+    claim_files(out_dir, [p.name for p in outputs])  # a user's spy_report.md there is refused, not overwritten
     loaded = []
     for path in metrics_files:
         data = read_json(path)
@@ -315,6 +317,7 @@ def report(metrics_files: list, out_dir, names: list[str] | None = None, metric:
     rows = [{"model": name, **{c: m.get(c) for c in SUMMARY_COLUMNS[1:]}} for name, m in zip(names, loaded)]
     table = markdown_table(rows, SUMMARY_COLUMNS)
     score_names = [*SCORES, "hms"]
+    claim_files(out_dir, [p.name for p in outputs], mark=True)
     bar_chart(out_dir / "spy_overall.png", score_names, {n: [m[s] for s in score_names] for n, m in zip(names, loaded)},
               "SPY-Bench", "score (%)")
     labels = sorted({label for m in loaded for label in m["by_label"]}, key=label_order)
