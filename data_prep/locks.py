@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 from data_prep.errors import InputError
+from data_prep.processes import is_main_process
 
 _held: dict[str, list] = {}  # lock file -> [fd, count]
 _mutex = threading.Lock()
@@ -44,8 +45,6 @@ def _holder(path: Path) -> str:
 def acquire(target, what: str = "run file") -> Path | None:
     """Lock `target` (a file or a folder, which need not exist yet; its parent folder is created) for this process,
     or raise InputError naming the holder. Returns the lock file (None under a non-main process)."""
-    from data_prep.runs import is_main_process
-
     if not is_main_process():
         return None
     path = lock_path(target)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from data_prep import locks, secrets
 from data_prep.errors import InputError, new_file_mode, read_text, unwritable
+from data_prep.processes import is_main_process
 
 logger = logging.getLogger(__name__)
 
@@ -79,17 +80,6 @@ def read_run(path, required: Iterable[str] = (), made_by: Iterable[str] = ()
         raise InputError(path, 1, "run_header.step", f"this file was made by {header.get('step')!r}; this command "
                          f"reads what {' or '.join(made_by)} writes")
     return header, list(zip(numbers, records))
-
-
-def process_group() -> tuple[int, int]:
-    """(rank, world size) under `accelerate launch` or torchrun; (0, 1) in a plain process."""
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def is_main_process() -> bool:
-    """False in every process but the first of a multi-process launch (`accelerate launch`, torchrun): under data-
-    parallel generation every process holds all results (eval/backends.py gathers them) and the first one writes."""
-    return process_group()[0] == 0
 
 
 def write_text(path, text: str) -> None:

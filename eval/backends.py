@@ -25,7 +25,8 @@ from pathlib import Path
 from data_prep.chat_client import ChatClient, load_image, openai_messages
 from data_prep.errors import InputError
 from data_prep.families import pixel_kwargs
-from data_prep.runs import RunFile, iter_chunks, process_group
+from data_prep.processes import process_group
+from data_prep.runs import RunFile, iter_chunks
 
 logger = logging.getLogger(__name__)
 

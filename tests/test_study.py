@@ -22,7 +22,8 @@ def run_study(out, *extra):
 
 
 def test_study_end_to_end_and_reuse(tmp_path):
-    from train.study import METHODS, ROWS, SPY
+    from train.demo import METHODS
+    from train.study import ROWS, SPY
 
     out = tmp_path / "study"
     result = run_study(out)

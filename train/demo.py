@@ -38,6 +38,7 @@ STAGES = ("base", "sft", "nca_p")
 STAGE_NAMES = {"base": "base (untrained)", "sft": "SFT", "nca_p": "SFT + NCA-P"}
 SETTINGS = {"without_distractors": False, "with_distractors": True}
 TABLE = {"ics": "ICS", "hms": "HMS", "rta_nonconflict": "RtA", "ata_nonconflict": "AtA", "ata_conflict": "AtA conflict"}
+METHODS = {"sft": "sft", "dpo": "dpo", "nca": "dpo", "nca_p": "nca_p"}  # method -> training script (the studies)
 
 
 class Clock:
@@ -115,6 +116,18 @@ def train(script: str, model: Path, data: Path, out: Path, steps: int | None, lo
             print(bad[0], file=sys.stderr)
             sys.exit(2)
         sys.exit(f"{name} failed (exit {process.returncode}); see {log_path}")
+
+
+def training_summary(folder: Path) -> dict:
+    """The last logged loss and, for preference methods, reward margin and accuracy (is it converged?), and the
+    training time in seconds, from a finished `train` run's folder."""
+    logged = json.loads((folder / "train_metrics.json").read_text())
+    last = {}
+    for entry in logged:
+        for key in ("loss", "rewards/margins", "rewards/accuracies", "train_runtime"):
+            if key in entry:
+                last[key] = entry[key]
+    return last
 
 
 def evaluate(stage: str, model: Path, out: Path, args, log) -> dict:

@@ -23,7 +23,6 @@ seeds at the kept settings with learning curves, intervals and paired tests (tra
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -36,9 +35,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from data_prep.entry import ArgumentParser
 from data_prep.numbers import option
 from train.common import METHOD_NAMES, run  # noqa: E402
-from train.demo import ROOT, SETTINGS, Clock, build_once, open_out, train  # noqa: E402
+from train.demo import METHODS, ROOT, SETTINGS, Clock, build_once, open_out, train, training_summary  # noqa: E402
 
-METHODS = {"sft": "sft", "dpo": "dpo", "nca": "dpo", "nca_p": "nca_p"}  # method -> training script
 ROWS = {"backbone": "backbone (helpful)", "self_moderation": "self-moderation (training-free)",
         **{m: METHOD_NAMES[m] for m in METHODS}}
 SPY = {"ics": "ICS", "rta_nonconflict": "RtA", "ata_nonconflict": "AtA", "hms": "HMS"}
@@ -77,18 +75,6 @@ def evaluate(name: str, model: Path, out: Path, args, log, self_moderation: bool
         log(f"eval {row}: general {general:.1f}, " + ", ".join(
             f"{SPY[k]} {_fmt(rows[row]['without_distractors'][k])}" for k in SPY) + " (without distractors)")
     return rows
-
-
-def training_summary(folder: Path) -> dict:
-    """The last logged loss and, for preference methods, reward margin and accuracy (is it converged?), and the
-    training time in seconds."""
-    logged = json.loads((folder / "train_metrics.json").read_text())
-    last = {}
-    for entry in logged:
-        for key in ("loss", "rewards/margins", "rewards/accuracies", "train_runtime"):
-            if key in entry:
-                last[key] = entry[key]
-    return last
 
 
 def mean_std(runs: list[dict]) -> dict:

@@ -38,7 +38,7 @@ from train.common import METHOD_NAMES
 PAIRS = (("nca_p", "nca"), ("nca_p", "dpo"), ("nca", "dpo"), ("grpo", "nca_p"), ("grpo", "dpo"))
 # GRPO (online RL: train/grpo.py, recipes/study/grpo.yaml) is a method of this protocol only, by choice
 # (`--methods sft dpo nca nca_p grpo`): its learning rate and KL beta swept like the others', budgets in optimizer steps
-EXTRA_METHODS = {"grpo": "grpo"}  # method -> training script, beside train/study.py's
+EXTRA_METHODS = {"grpo": "grpo"}  # method -> training script, beside train/demo.py's METHODS
 # metric key -> label; the keys of one evaluated checkpoint (held-out or validation), without distractors unless named
 METRICS = {"ics": "ICS", "hms": "HMS", "rta": "RtA", "ata": "AtA", "general": "general acc.", "priv": "priv",
            "overall": "overall", "ics_distr": "ICS with distr.", "hms_distr": "HMS with distr.",
@@ -229,8 +229,7 @@ def _clock(ctx: dict):
 
 
 def train_run(ctx: dict, method: str, point: dict, seed: int, folder: Path, steps: int, save_every: int, log):
-    from train.demo import ROOT, train
-    from train.study import METHODS
+    from train.demo import METHODS, ROOT, train
 
     extra = ["--seed", str(seed), "--learning_rate", repr(point["learning_rate"]),
              "--lr_scheduler_type", "constant_with_warmup", "--save_steps", str(save_every),
@@ -254,7 +253,7 @@ def sweep_task(ctx: dict, method: str, point: dict, seed: int) -> dict:
 
 def final_task(ctx: dict, method: str, point: dict, seed: int) -> dict:
     """One final run: long budget, every checkpoint on the held-out bench (both settings at 1x and at the end)."""
-    from train.study import training_summary
+    from train.demo import training_summary
 
     log = _clock(ctx)
     name = f"{method}-seed{seed}"
