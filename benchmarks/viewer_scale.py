@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from data_prep.runs import write_json, write_jsonl  # noqa: E402
+from store.runs import write_json, write_jsonl  # noqa: E402
 
 ANSWERS = {"respond": "The {} can be seen in the picture.", "reject": "I'm sorry, I can't share the {}."}
 

@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
 
-from data_prep import strict_yaml
-from data_prep.entry import ArgumentParser, run_command
-from data_prep.errors import InputError, read_text
-from data_prep.strict_yaml import Map, check_keys
+from cli import strict_yaml
+from cli.entry import ArgumentParser, run_command
+from cli.errors import InputError, read_text
+from cli.strict_yaml import Map, check_keys
 
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_FILE = ASSETS / "categories.yaml"
@@ -141,7 +141,7 @@ class CategorySet:
         return out
 
 
-# --- reading (data_prep.strict_yaml keeps the line of every mapping, key and list item for errors) --------
+# --- reading (cli.strict_yaml keeps the line of every mapping, key and list item for errors) --------
 
 _Map = Map
 

@@ -43,15 +43,15 @@ from pathlib import Path
 
 import yaml
 
+from cli.entry import ArgumentParser, run_command
+from cli.errors import InputError, check_image
+from cli.numbers import int_at_least, option
 from data_prep.categories import SAFE_LABEL, CategorySet, parse
-from data_prep.chat_client import ChatClient, openai_messages
-from data_prep.entry import ArgumentParser, run_command
-from data_prep.errors import InputError, check_image
-from data_prep.numbers import int_at_least, option
-from data_prep.runs import RunFile, check_outputs, claim_folder, write_json, write_text
 from data_prep.spy import draw_other_labels
 from data_prep.spy_bench import build_samples, to_bench_item
 from data_prep.spy_tune import load_items
+from store.runs import RunFile, check_outputs, claim_folder, write_json, write_text
+from vlm.chat_client import ChatClient, openai_messages
 
 PROMPTS_VERSION = 1  # bump when a prompt or a parser changes what a unit produces
 OUTPUTS = ("categories.yaml", "train_data.json", "eval_data.json", "questions.json", "label2text.json", "stats.json",

@@ -9,8 +9,8 @@ file).
 
 from __future__ import annotations
 
+from cli.numbers import FRACTION
 from data_prep.categories import DEFAULT_TEMPLATES, SAFE_LABEL, as_categories, default_categories
-from data_prep.numbers import FRACTION
 
 # Index 0: non-private, index 1: private. The lowercase start is the reference's.
 INSTRUCT_TEMPLATES = DEFAULT_TEMPLATES

@@ -24,9 +24,9 @@ import json
 import re
 from pathlib import Path
 
+from cli.errors import InputError, check_image, read_text
+from cli.paths import inside
 from data_prep.categories import as_categories, template_problem
-from data_prep.errors import InputError, check_image, read_text
-from data_prep.paths import inside
 from data_prep.spy import SAFE_LABEL, compose_prompt, instruction_block, own_label_problem
 
 

@@ -31,11 +31,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cli.entry import ArgumentParser, run_command
+from cli.errors import InputError, check_image, read_json
+from cli.paths import inside
 from data_prep import spy
 from data_prep.categories import CategorySet, as_categories, template_problem
-from data_prep.entry import ArgumentParser, run_command
-from data_prep.errors import InputError, check_image, read_json
-from data_prep.paths import inside
 
 if TYPE_CHECKING:
     import datasets

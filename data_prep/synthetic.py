@@ -30,13 +30,13 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from cli.entry import ArgumentParser, run_command
+from cli.errors import InputError
+from cli.numbers import option
 from data_prep.categories import as_categories
-from data_prep.entry import ArgumentParser, run_command
-from data_prep.errors import InputError
-from data_prep.numbers import option
-from data_prep.runs import check_outputs, claim_folder
 from data_prep.spy import draw_other_labels
 from data_prep.spy_bench import to_bench_item
+from store.runs import check_outputs, claim_folder
 
 COLOURS = {
     "red": (200, 40, 40), "green": (40, 160, 60), "blue": (40, 70, 200), "yellow": (230, 210, 40),

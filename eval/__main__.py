@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-from data_prep import log
-from data_prep.entry import run_main
+from cli import log
+from cli.entry import run_main
 
 # benchmark -> module exposing `main(argv: list[str]) -> int`
 COMMANDS = {

@@ -11,7 +11,7 @@ is greedy with at most `max_new_tokens` (512) new tokens.
     gen = load_generator("hf", "Qwen/Qwen2-VL-7B-Instruct", batch_size=16)
     generate_run(gen, requests, "run.jsonl", meta={id: sample_fields})   # resumable
 
-The `openai` backend sends its requests through `data_prep.chat_client.ChatClient`, the one place that talks
+The `openai` backend sends its requests through `vlm.chat_client.ChatClient`, the one place that talks
 to OpenAI-compatible servers (the judge and the data generator use it too).
 """
 
@@ -22,11 +22,11 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from data_prep.chat_client import ChatClient, load_image, openai_messages
-from data_prep.errors import InputError
-from data_prep.families import pixel_kwargs
-from data_prep.processes import process_group
-from data_prep.runs import RunFile, iter_chunks
+from cli.errors import InputError
+from store.processes import process_group
+from store.runs import RunFile, iter_chunks
+from vlm.chat_client import ChatClient, load_image, openai_messages
+from vlm.families import pixel_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -401,7 +401,7 @@ class DataParallel(Generator):
     """Data-parallel generation under N processes (`accelerate launch ... -m eval ...`): the requests go in rounds
     of N x `round_size`; in each round process r generates requests r, r + N, ... and every process receives the
     whole round's results, in request order. So the code after generation is the same in every process, and the
-    first process alone writes (data_prep/runs.py); a killed run loses at most the round in flight."""
+    first process alone writes (store/runs.py); a killed run loses at most the round in flight."""
 
     def __init__(self, inner: Generator, round_size: int):
         import torch

@@ -15,9 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from data_prep.entry import ArgumentParser
-from data_prep.errors import InputError, read_json
-from data_prep.runs import check_outputs, claim_files, write_json, write_text
+from cli.entry import ArgumentParser
+from cli.errors import InputError, read_json
+from store.runs import check_outputs, claim_files, write_json, write_text
 
 
 def load(folder) -> dict:

@@ -3,7 +3,7 @@
     judge = JudgeClient("gpt-4o", cache_path="outputs/judge_cache.jsonl")
     judge.complete(["prompt 1", "prompt 2"])  # [{"text": ...}, {"text": None, "error": ...}]
 
-Requests go through `data_prep.chat_client.ChatClient` (bounded concurrency, retries with backoff on 429 / 5xx /
+Requests go through `vlm.chat_client.ChatClient` (bounded concurrency, retries with backoff on 429 / 5xx /
 timeouts / garbage). Answers are cached by (judge model, prompt) in a JSON Lines file, appended as they
 arrive, so re-running a judged step, even after a kill, sends nothing that was already answered. Failed
 requests are not cached. The client (and the API key) is only needed when something is not cached.
@@ -15,8 +15,8 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator
 
-from data_prep.chat_client import ChatClient
-from data_prep.runs import RunFile
+from store.runs import RunFile
+from vlm.chat_client import ChatClient
 
 
 def cache_key(model: str, prompt) -> str:

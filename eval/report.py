@@ -30,7 +30,7 @@ def _figure(width: float, height: float):
 
 
 def _save(figure, path) -> Path:
-    from data_prep.processes import is_main_process
+    from store.processes import is_main_process
 
     path = Path(path)
     if is_main_process():  # every process of a data-parallel run reaches here; one writes

@@ -33,19 +33,19 @@ import os
 import sys
 from pathlib import Path
 
-from data_prep.entry import ArgumentParser
-from data_prep.errors import InputError
-from data_prep.numbers import int_at_least
-from data_prep.runs import nonempty, write_json, write_text
-from data_prep.strict_yaml import ANY, NOTHING, TEXT
+from cli.entry import ArgumentParser
+from cli.errors import InputError
+from cli.numbers import int_at_least
+from cli.strict_yaml import ANY, NOTHING, TEXT
+from store.runs import nonempty, write_json, write_text
 
 SPY_SETTINGS = {"without_distractors": False, "with_distractors": True}
 SPY_HEADLINE = {"ics": "ICS", "hms": "HMS", "rta_nonconflict": "RtA", "ata_nonconflict": "AtA",
                 "ata_conflict": "AtA conflict"}
 SPATIAL_HEADLINE = {"q1": "Q1", "q2": "Q2", "q3": "Q3", "q4": "Q4", "q5": "Q5", "overall": "overall"}
 SPATIAL_MODES = ("one-pass", "staged", "guard")
-# Section -> its schema (data_prep.strict_yaml.check: every level strict, in keys and types; ANY: a number, checked
-# with its range by data_prep/numbers.py).
+# Section -> its schema (cli.strict_yaml.check: every level strict, in keys and types; ANY: a number, checked
+# with its range by cli/numbers.py).
 PATH = TEXT
 SECTION_KEYS = {
     "spy": {"items": PATH, "images": PATH, "settings": [TEXT], "limit": ANY, "categories": (PATH, NOTHING),
@@ -73,8 +73,8 @@ def backend_option_names(backend: str) -> set[str] | None:
     it passes unknown ones on to a library we cannot inspect here (vLLM's engine arguments)."""
     import inspect
 
-    from data_prep.chat_client import ChatClient
     from eval.backends import BACKENDS
+    from vlm.chat_client import ChatClient
 
     names = set()
     for kind in (BACKENDS[backend], *((ChatClient,) if backend == "openai" else ())):
@@ -99,7 +99,7 @@ def _merge(base: dict, extra: dict) -> dict:
 def load_config(path, root: str | None = None, overrides: dict | None = None) -> dict:
     """The suite YAML, validated (unknown keys and sections, missing files are refused before anything runs).
     `overrides` is merged into it first (the demo's sample limit and batch size)."""
-    from data_prep import secrets, strict_yaml
+    from cli import secrets, strict_yaml
 
     if not Path(path).exists():
         raise InputError(path, None, None, "no such suite file")
@@ -215,8 +215,8 @@ def load_config(path, root: str | None = None, overrides: dict | None = None) ->
 
 def _check_numbers(path, config: dict, judge, sections: dict) -> None:
     """Every number of the suite (a section's limit, a backend's timeout, the judge's concurrency, ...) is one, finite
-    and in the range its command-line option has (data_prep/numbers.py), before anything runs."""
-    from data_prep.numbers import check_mapping
+    and in the range its command-line option has (cli/numbers.py), before anything runs."""
+    from cli.numbers import check_mapping
 
     for name, entry in sections.items():
         check_mapping(path, entry, f"sections.{name}")
@@ -298,10 +298,10 @@ def run_synthetic_general(section: dict, model: Model, out: Path) -> dict:
 
 
 def run_spatialtrust(section: dict, judge, model: Model, out: Path) -> dict:
-    from data_prep.runs import RunFile, write_jsonl
     from eval.spatialtrust import data
     from eval.spatialtrust.guard import DEFAULT_RETRIES, check_run_file, generate_predictions, run_header
     from eval.spatialtrust.scoring import compute_metrics
+    from store.runs import RunFile, write_jsonl
 
     if not Path(section["data"]).exists():  # synthetic_images: N -> draw the offline synthetic set once
         data.build_synthetic(Path(section["data"]).parent, n_images=section["synthetic_images"])
@@ -340,10 +340,10 @@ def run_spatialtrust(section: dict, judge, model: Model, out: Path) -> dict:
 def run_general(section: dict, model: Model, out: Path) -> dict:
     """MMMU / OCRBench / MME through eval.general's steps (images at the model processor's sizes: one model load
     serves every section), each scored with its first profile."""
-    from data_prep.runs import RunFile
     from eval.general import common, mmmu
     from eval.general.cli import BENCHES, read_run
     from eval.general.results import write_score
+    from store.runs import RunFile
 
     scores = {}
     for name in section["benchmarks"]:
@@ -539,7 +539,7 @@ def log_wandb(project: str, name: str, rows: list[dict], settings: dict, out=Non
     suite_inputs), as lmms-eval logs its samples."""
     import wandb
 
-    from data_prep.secrets import redact_obj
+    from cli.secrets import redact_obj
 
     run = wandb.init(project=project, name=f"eval {name}", job_type="eval", config=redact_obj(settings),
                      tags=["eval", "suite"])
@@ -557,7 +557,7 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
               wandb: bool = False, wandb_project: str | None = None, overrides: dict | None = None,
               view: bool = True, wandb_samples: int = 100) -> dict:
     """Every section, then results.json, report.md, report.png and (`view`) the per-sample viewer in out/view."""
-    from data_prep.runs import check_outputs, claim_folder
+    from store.runs import check_outputs, claim_folder
 
     config = load_config(config_path, root, overrides)
     out = Path(out)

@@ -10,7 +10,7 @@ Saving: safetensors 0.8 writes its files with mode 0600, so colleagues sharing a
 model or its checkpoints; every saved folder's weight files get the permissions of any new file (0666 less umask).
 
 The mixin is also where every training run logs its arguments once and says whether it resumes (all our trainers
-use it); it sets our loggers' level by the recipe's `log_level` / `log_level_replica` (data_prep/log.py).
+use it); it sets our loggers' level by the recipe's `log_level` / `log_level_replica` (cli/log.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
-from data_prep import log
-from data_prep.errors import InputError, new_file_mode
+from cli import log
+from cli.errors import InputError, new_file_mode
 from losses.finite import FiniteTrainingMixin
 
 logger = logging.getLogger(__name__)

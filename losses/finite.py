@@ -5,14 +5,14 @@ Both checks sit at the narrowest hook of every trainer (`FiniteTrainingMixin`, u
 `logging_nan_inf_filter` hides a NaN from the logs), and `save_model`, through which every checkpoint and the final
 model are written. Each check is agreed by all processes (a reduction of one number), so every process stops at
 the same step and none waits in a collective for another that has left. Stopping raises RunStopped: one line, exit
-status 1 (data_prep/entry.py); the checkpoints saved before stay complete, and resume from them.
+status 1 (cli/entry.py); the checkpoints saved before stay complete, and resume from them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from data_prep.errors import RunStopped
+from cli.errors import RunStopped
 
 
 def all_finite(accelerator, local_ok: bool) -> bool:

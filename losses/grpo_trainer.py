@@ -22,12 +22,12 @@ import torch
 from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
 
-from data_prep.errors import RunStopped
-from data_prep.families import supports_packing
+from cli.errors import RunStopped
 from losses.checkpointing import HubFormatResumeMixin
 from losses.grpo_packing import group_size_of, pack_grpo_rows
 from losses.packing import PackedAttention, enable_packing, packed_attention_field
 from losses.rewards import JUDGED_REWARDS
+from vlm.families import supports_packing
 
 logger = logging.get_logger(__name__)
 

@@ -24,7 +24,7 @@ its unpacked sequence, so the log-probabilities, the losses and the gradients ar
   every other mask to sdpa. The choice is made per pass: a pass without gradient (the precomputed reference,
   log-prob evaluation, a reference or old-policy pass) may run flex on CPU (eager); a gradient pass runs flex on
   CUDA only (torch has no flex backward on CPU). `auto` runs flex only where it has run for the family
-  (`FLEX_RAN_ON`, data_prep/families.py): nowhere yet, so sdpa. If flex raises on its first forward, `auto` warns
+  (`FLEX_RAN_ON`, vlm/families.py): nowhere yet, so sdpa. If flex raises on its first forward, `auto` warns
   once and runs sdpa; `flex` set explicitly stops with one line. The masks are built once per batch and shared by
   every model given the same `PackedAttention` (policy and reference); what ran is recorded for the card / W&B.
 """
@@ -41,9 +41,9 @@ import warnings
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from data_prep.errors import InputError
-from data_prep.families import flex_ran_on
+from cli.errors import InputError
 from losses.shared_vision import enable_shared_vision, vision_backbone
+from vlm.families import flex_ran_on
 
 logger = logging.getLogger(__name__)
 
@@ -272,7 +272,7 @@ def packed_attention_field():
     return dataclasses.field(default="auto", metadata={
         "help": "The packed row's attention: `sdpa` (a boolean tree mask), `flex` (flex_attention with a block mask; "
                 "on CPU for passes without gradient only; fails the run if flex fails) or `auto` (flex only where it "
-                "has run for the family, data_prep/families.py; else sdpa; if flex fails, one warning and sdpa).",
+                "has run for the family, vlm/families.py; else sdpa; if flex fails, one warning and sdpa).",
         "choices": list(PACKED_ATTENTION_CHOICES)})
 
 

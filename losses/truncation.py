@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 
 
 @dataclass

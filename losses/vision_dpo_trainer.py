@@ -4,7 +4,7 @@ DPO (`loss_type: sigmoid`) and NCA (`loss_type: nca_pair`) use TRL's own loss co
 only what TRL does not support for vision datasets:
 
 - `shared_vision` (default on): the collator keeps each image once and the backbone encodes it once per model
-  per step (losses/shared_vision.py). Families that cannot share (data_prep/families.py) train on the plain path,
+  per step (losses/shared_vision.py). Families that cannot share (vlm/families.py) train on the plain path,
   with one warning.
 - `precompute_ref_log_probs`: TRL refuses it for vision datasets. Here one pass before training stores the
   reference log-probabilities in a column `ref_logps`, cached on disk under `<output_dir>/ref_logps/` keyed by the
@@ -39,8 +39,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
 from trl.trainer.utils import use_adapter
 
-from data_prep.errors import RunStopped
-from data_prep.families import supports_packing, supports_shared_vision
+from cli.errors import RunStopped
 from losses.checkpointing import HubFormatResumeMixin
 from losses.fingerprint import weights_fingerprint
 from losses.packing import (
@@ -52,6 +51,7 @@ from losses.packing import (
 )
 from losses.shared_vision import enable_shared_vision, share_images
 from losses.truncation import check_truncation
+from vlm.families import supports_packing, supports_shared_vision
 
 logger = logging.get_logger(__name__)
 

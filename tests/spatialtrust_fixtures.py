@@ -10,8 +10,8 @@ import json
 
 from chat_server import image_urls, last_user_text
 
-from data_prep.chat_client import image_data_url
 from eval.spatialtrust.data import question
+from vlm.chat_client import image_data_url
 
 
 def stage_of(request: dict) -> str:

@@ -9,10 +9,10 @@ import pytest
 from chat_server import ChatServer, Flaky, Reply, image_urls, last_user_text
 from PIL import Image
 
-from data_prep.chat_client import ChatClient, openai_messages
-from data_prep.errors import InputError
-from data_prep.runs import read_jsonl
+from cli.errors import InputError
 from eval.backends import generate_run, load_generator, vllm_input
+from store.runs import read_jsonl
+from vlm.chat_client import ChatClient, openai_messages
 
 FAST = {"backoff": 0.01, "max_backoff": 0.05}  # retries without real waiting
 

@@ -210,7 +210,7 @@ def test_validate_passes_a_good_file_and_lists_the_first_problems(tmp_path, synt
         f"error: {case.data}:record 0: label: unknown label 'a999_mystery'",
         f'error: {case.data}:record 1: question_item.question: expected a non-empty string, got ""']
     usage = subprocess.run([sys.executable, "-m", "data_prep.spy_tune"], capture_output=True, text=True, env=ENV)
-    assert usage.returncode == 2  # one line (data_prep/entry.py's parser), not a usage block
+    assert usage.returncode == 2  # one line (cli/entry.py's parser), not a usage block
     assert usage.stderr == "error: command line: the following arguments are required: command\n"
 
 

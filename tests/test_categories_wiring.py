@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from cli.errors import InputError
 from data_prep.categories import load_categories
-from data_prep.errors import InputError
-from data_prep.runs import read_jsonl, write_jsonl
 from data_prep.spy_bench import build_samples
 from data_prep.synthetic import build, text_corpus
 from eval.__main__ import main as eval_main
 from eval.spy import cli
 from eval.spy.metrics import spy_metrics
 from eval.spy.prompts import judge_prompt
+from store.runs import read_jsonl, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,8 +22,8 @@ def run_demo(out):
 
 
 def test_demo_pipeline_end_to_end(tmp_path):
-    from data_prep.runs import read_jsonl
     from eval.spy.metrics import spy_metrics
+    from store.runs import read_jsonl
 
     out = tmp_path / "demo"
     stdout = run_demo(out)

@@ -61,7 +61,7 @@ def nav_pages(node=None) -> set[str]:
 def hook():
     import logging
 
-    from data_prep.log import PACKAGES
+    from cli.log import PACKAGES
 
     spec = importlib.util.spec_from_file_location("cli_reference", DOCS / "hooks" / "cli_reference.py")
     module = importlib.util.module_from_spec(spec)

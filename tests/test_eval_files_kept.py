@@ -13,8 +13,8 @@ from chat_server import ChatServer
 from PIL import Image
 from test_bad_inputs_eval import CASES, DEAD, assert_refused, template  # noqa: F401 - the fixture is shared
 
-from data_prep.chat_client import ChatClient
-from data_prep.runs import HEADER, RunFile, read_jsonl, write_jsonl, write_text
+from store.runs import HEADER, RunFile, read_jsonl, write_jsonl, write_text
+from vlm.chat_client import ChatClient
 
 ROOT = Path(__file__).resolve().parents[1]
 

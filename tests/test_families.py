@@ -1,4 +1,4 @@
-"""Every supported family (data_prep/families.py), on its tiny random model:
+"""Every supported family (vlm/families.py), on its tiny random model:
 
 - `python -m train.tiny_model DIR --family F` writes a model and processor that load through the Auto classes,
   with the family's own chat template and architecture (Qwen3-VL's deepstack, Qwen3-VL-MoE's experts);
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from data_prep.errors import InputError
-from data_prep.families import FAMILIES as FAMILY_FACTS
-from data_prep.families import pixel_kwargs
+from cli.errors import InputError
 from train.tiny_model import ASSETS, FAMILIES
+from vlm.families import FAMILIES as FAMILY_FACTS
+from vlm.families import pixel_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl",
@@ -160,8 +160,8 @@ def test_recipes_parse_and_keep_the_papers_image_tokens(recipe, monkeypatch):
 @pytest.mark.parametrize("family", ["qwen3_vl", "gemma3"])
 def test_spy_bench_generation_uses_each_familys_processor(family, tiny_family_dir, synthetic_dir, tmp_path, capsys):
     """`python -m eval spy generate` with the hf backend: the family's template and processor, its pixel bounds."""
-    from data_prep.runs import read_jsonl
     from eval.__main__ import main as eval_main
+    from store.runs import read_jsonl
 
     directory, out = tiny_family_dir(family), tmp_path / "run.jsonl"
     base = ["spy", "generate", "--items", str(synthetic_dir / "questions.json"), "--images", str(synthetic_dir),

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.runs import write_jsonl
 from eval.__main__ import main
+from store.runs import write_jsonl
 
 
 def spy_reference_general(g) -> float:

@@ -6,9 +6,9 @@ import json
 import pytest
 from general_fixtures import save
 
-from data_prep.runs import read_jsonl
 from eval.__main__ import main
 from eval.general import mme, mmmu, ocrbench
+from store.runs import read_jsonl
 
 EXPECTED_IDS = {
     "mmmu": ["validation_Accounting_1", "validation_Math_2", "validation_Art_3", "dev_Physics_1"],

@@ -6,7 +6,7 @@ import random
 import pytest
 from general_fixtures import COLORS, mmmu_dataset, save
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 from eval.general import mmmu, results
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 from general_fixtures import ocrbench_dataset, save
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 from eval.general import mme, ocrbench, results
 
 HME = ocrbench.HME

@@ -9,8 +9,8 @@ from chat_server import ChatServer, image_urls, last_user_text
 from general_fixtures import COLORS, save
 from PIL import Image
 
-from data_prep.runs import read_jsonl
 from eval.__main__ import main
+from store.runs import read_jsonl
 
 COLOR_NAMES = {rgb: name for name, rgb in COLORS.items()}
 

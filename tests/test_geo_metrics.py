@@ -6,7 +6,7 @@ import math
 import pytest
 from geopy.distance import great_circle
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 from eval.geoprivacy import data
 from eval.geoprivacy.metrics import (
     abstention_violation,

@@ -10,12 +10,12 @@ import pytest
 from chat_server import ChatServer, Flaky, Reply, image_urls, last_user_text
 from PIL import Image
 
-from data_prep import runs as data_runs
-from data_prep.chat_client import image_data_url
 from eval.__main__ import main as eval_main
 from eval.geoprivacy.judge import judge_run
 from eval.geoprivacy.prompts import PROMPTS, followup_text, free_form_text, mcq_text, system_message
 from eval.judge import JudgeClient
+from store import runs as data_runs
+from vlm.chat_client import image_data_url
 
 FAST = {"backoff": 0.01, "max_backoff": 0.05}
 # label id -> (image file name, Q1..Q7); the three id forms of spec §1.2

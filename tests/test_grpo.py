@@ -24,11 +24,11 @@ from peft import LoraConfig
 from test_preference_trainers import perturb
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from data_prep.families import supports_packing
 from data_prep.spy_tune import build_dataset
 from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer
 from losses.rewards import JudgeSettings, VerdictJudge, answer_match, compliance, helpfulness_score, make_reward_funcs
 from train.tiny_model import FAMILIES
+from vlm.families import supports_packing
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-5
@@ -179,7 +179,7 @@ def test_missing_reward_is_left_out_not_zeroed(tiny_model_dir, grpo_data, tmp_pa
     assert trainer._metrics["train"]["rewards/missing"][-1] == 2.0
 
     # more than the share missing: one line, the run stops
-    from data_prep.errors import RunStopped
+    from cli.errors import RunStopped
 
     trainer.args.max_missing_reward_share = 0.1
     with ChatServer(judge_reply) as server:
@@ -329,7 +329,7 @@ def test_grpo_is_an_opt_in_method_of_the_tuned_study(tmp_path):
 def test_grpo_prompts_carry_what_the_rewards_need(grpo_data):
     """Every SFT case as a prompt with SPY's expected verdict and its reference answer; `general_fraction` of the
     rows from the general task (exact-match answers); the general file is refused for the offline methods."""
-    from data_prep.errors import InputError
+    from cli.errors import InputError
 
     spy_only = build_dataset("grpo", grpo_data / "train_data.json", grpo_data, add_distractors=False, shuffle=False)
     sft = build_dataset("sft", grpo_data / "train_data.json", grpo_data, add_distractors=False, shuffle=False)

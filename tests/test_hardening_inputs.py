@@ -20,11 +20,12 @@ from chat_server import ChatServer, Reply
 from hardening_checks import CANARY, ROOT, assert_no_canary, assert_one_line, assert_unchanged, run_module, snapshot
 from PIL import Image
 
-from data_prep import locks, paths, secrets, strict_yaml
+from cli import paths, secrets, strict_yaml
+from cli.errors import InputError, check_image, read_text
 from data_prep.categories import parse as parse_categories
 from data_prep.categories import template_problem
-from data_prep.errors import InputError, check_image, read_text
-from data_prep.runs import RunFile, check_outputs, claim_folder, read_jsonl, write_json, write_jsonl
+from store import locks
+from store.runs import RunFile, check_outputs, claim_folder, read_jsonl, write_json, write_jsonl
 
 # ----------------------------------------------------------------------------------------------- fixtures
 
@@ -206,7 +207,7 @@ def test_run_file_records_are_redacted_on_append_and_finalize(tmp_path, monkeypa
 
 
 def test_a_variable_a_client_reads_its_key_from_is_redacted(monkeypatch):
-    from data_prep.chat_client import ChatClient
+    from vlm.chat_client import ChatClient
 
     monkeypatch.setenv("JUDGE_CRED_VAR", "0123456789abcdef")  # a name that does not look like a key's
     assert secrets.redact("0123456789abcdef") == "0123456789abcdef"
@@ -227,7 +228,7 @@ def test_wandb_config_is_redacted(monkeypatch):
 
 def test_tracebacks_and_logs_are_redacted(tmp_path):
     code = ("import logging, os, sys; early = logging.getLogger('lib'); early.addHandler(logging.StreamHandler()); "
-            "from data_prep import log; log.setup(); early.warning('lib %s', os.environ['OPENAI_API_KEY']); "
+            "from cli import log; log.setup(); early.warning('lib %s', os.environ['OPENAI_API_KEY']); "
             "logging.getLogger('eval.x').warning('key %s', os.environ['OPENAI_API_KEY']); "
             "print('out', os.environ['OPENAI_API_KEY']); raise RuntimeError(os.environ['OPENAI_API_KEY'])")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
@@ -333,7 +334,7 @@ def test_spy_tune_validate_refuses_an_absolute_image_path(tmp_path, synthetic_di
 
 def _holder(target: Path, *, kill_after: float | None = None):
     """Another process holding the lock of `target` until it is told to stop (or killed)."""
-    code = (f"from data_prep import locks; import sys, time; locks.acquire({str(target)!r}); print('held', flush=True);"
+    code = (f"from store import locks; import sys, time; locks.acquire({str(target)!r}); print('held', flush=True);"
             " time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -560,7 +561,7 @@ def test_a_large_category_file_is_checked_in_linear_time(tmp_path):
 
 
 def test_a_json_config_with_a_key_given_twice_is_refused(tmp_path):
-    from data_prep.errors import read_json
+    from cli.errors import read_json
 
     path = tmp_path / "label2text.json"
     path.write_text('{"a1": "x", "a1": "y"}')
@@ -571,7 +572,7 @@ def test_a_json_config_with_a_key_given_twice_is_refused(tmp_path):
 @pytest.mark.parametrize("name,text", [("deep.yaml", "a: " + "[" * 100_000), ("deep.json", "[" * 100_000 + "]" * 100_000),
                                        ("deep.jsonl", "{\"a\": " + "[" * 100_000 + "]" * 100_000 + "}\n")])
 def test_deeply_nested_input_is_one_line_not_a_crash(tmp_path, name, text):
-    from data_prep.errors import read_json
+    from cli.errors import read_json
 
     path = tmp_path / name
     path.write_text(text)
@@ -723,7 +724,7 @@ def test_the_suite_refuses_a_users_folder_as_its_out(suite_dir):
 def test_report_files_never_overwrite_a_users_file(tmp_path):
     """A report command writes named files into a folder that may hold others (its inputs): one of those names
     that no command of ours wrote is refused; once ours (the marker lists it), a rerun replaces it."""
-    from data_prep.runs import claim_files
+    from store.runs import claim_files
 
     (tmp_path / "metrics.md").write_text("my notes")
     (tmp_path / "judged.jsonl").write_text("")
@@ -771,6 +772,6 @@ def test_an_out_under_a_folder_that_refuses_writes_is_refused_before_any_work(su
 
 
 def paths_probe_ok(folder) -> bool:
-    from data_prep.errors import write_probe
+    from cli.errors import write_probe
 
     return write_probe(folder) is None

@@ -4,7 +4,7 @@ keys, interrupts / streams / disks, and the earlier battery's leftovers.
 Every case checks (tests/hardening_checks.py): the exit status, one line on stderr naming the option or file, no
 traceback, nothing changed in the folder it was given, and the canary key (in OPENAI_API_KEY) neither printed nor
 written. Commands run as subprocesses where the process is the point (exit status, signals, closed streams), and
-through the same wrapper in-process (data_prep/entry.py) where only the check is.
+through the same wrapper in-process (cli/entry.py) where only the check is.
 """
 
 import ast
@@ -26,8 +26,8 @@ from chat_server import ChatServer, Reply
 from hardening_checks import CANARY, ROOT, assert_no_canary, assert_one_line, assert_unchanged, run_module, snapshot
 from PIL import Image
 
-from data_prep.entry import run_main
-from data_prep.errors import InputError
+from cli.entry import run_main
+from cli.errors import InputError
 
 QUIET = {"TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}  # progress bars would add lines to stderr
 ITEM = {
@@ -117,7 +117,7 @@ def test_a_bad_number_on_a_command_line_is_one_line(work, module, argv, needles)
 
 def test_every_numeric_option_has_a_checked_type():
     """No `type=int` / `type=float` left on a command line of data_prep, eval or train: each goes through
-    data_prep/numbers.py (finite, in range), so a new option cannot forget it."""
+    cli/numbers.py (finite, in range), so a new option cannot forget it."""
     raw = []
     for path in [*ROOT.glob("data_prep/**/*.py"), *ROOT.glob("eval/**/*.py"), *ROOT.glob("train/**/*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -155,7 +155,7 @@ def test_a_bad_number_in_a_suite_is_refused_before_anything_runs(work, limit, op
 @pytest.mark.parametrize("option, value", [("timeout", math.nan), ("backoff", -1.0), ("concurrency", 0),
                                            ("temperature", math.inf), ("max_retries", -1)])
 def test_the_chat_client_checks_its_numbers_however_they_came(option, value):
-    from data_prep.chat_client import ChatClient
+    from vlm.chat_client import ChatClient
 
     with pytest.raises(InputError, match=f"{option}: must be"):
         ChatClient("m", base_url="http://127.0.0.1:9/v1", **{option: value})
@@ -236,8 +236,8 @@ def test_an_unmatched_lora_target_is_refused_before_training(trained, tiny_model
 
 def test_use_peft_without_target_modules_trains_the_familys_default_targets(trained, tiny_model_dir, tmp_path):
     """`--use_peft true` alone (as the recipes' comments suggest): LoRA on the language model's projections
-    (data_prep/families.py), not a PEFT traceback after the model loads."""
-    from data_prep.families import default_lora_targets
+    (vlm/families.py), not a PEFT traceback after the model loads."""
+    from vlm.families import default_lora_targets
 
     _, data, _ = trained
     out = tmp_path / "lora"
@@ -275,7 +275,7 @@ def test_a_model_with_non_finite_weights_is_never_saved(tiny_model_dir, tmp_path
     from transformers import AutoModelForImageTextToText
     from trl import SFTTrainer
 
-    from data_prep.errors import RunStopped
+    from cli.errors import RunStopped
     from losses.finite import FiniteTrainingMixin
 
     class Trainer(FiniteTrainingMixin, SFTTrainer):
@@ -422,7 +422,7 @@ def test_an_endpoint_that_dies_mid_run_stops_it_and_the_same_command_resumes(wor
     the server back on its port, sends only what is missing."""
     import threading
 
-    from data_prep.runs import read_jsonl
+    from store.runs import read_jsonl
 
     lock, answered, holder = threading.Lock(), [0], {}
 
@@ -452,8 +452,8 @@ def test_an_endpoint_that_dies_mid_run_stops_it_and_the_same_command_resumes(wor
 
 
 def test_the_connection_failure_limit_counts_requests_in_a_row_and_is_configurable():
-    from data_prep.chat_client import ChatClient
-    from data_prep.errors import RunStopped
+    from cli.errors import RunStopped
+    from vlm.chat_client import ChatClient
 
     with ChatServer(lambda request: "ok") as server:
         url = server.base_url
@@ -469,7 +469,7 @@ def test_the_connection_failure_limit_counts_requests_in_a_row_and_is_configurab
 
 
 def test_the_chat_client_raises_on_401_and_sends_nothing_more():
-    from data_prep.chat_client import ChatClient
+    from vlm.chat_client import ChatClient
 
     with ChatServer(echo_key(401)) as server:
         client = ChatClient("m", base_url=server.base_url, api_key_env="MY_KEY_VAR", concurrency=3, max_retries=4)
@@ -498,7 +498,7 @@ def test_a_refused_geocoder_key_stops_at_once_without_retries(places, status):
 
 # ---------------------------------------------------------------------------- class 10: interrupts, streams, disks
 def test_the_write_probe_catches_what_os_access_misses(work):
-    from data_prep.errors import unwritable
+    from cli.errors import unwritable
 
     assert os.access("/proc", os.W_OK) or os.getuid() != 0  # as root the bits say yes; creating a file there fails
     assert "cannot be written: creating a file in /proc failed" in unwritable("/proc/out.jsonl")
@@ -701,7 +701,7 @@ def test_train_chat_names_the_bad_image_before_loading_the_model(bad_images, tin
 
 
 def test_a_decompression_bomb_is_refused_by_every_image_check(bad_images):
-    from data_prep.errors import check_image
+    from cli.errors import check_image
 
     with pytest.raises(InputError, match="too many pixels"):
         check_image(bad_images / "bomb.png", 3, "question_item.image_path", source="items.json")

@@ -268,7 +268,7 @@ sections:
         run_suite("--config", config, "--model", tiny_model_dir, "--out", tmp_path / "out",
                   env={**os.environ, "SUITE_TEST_KEY": "sk-local"})
     assert 0 < len(server.requests) <= 10  # identical prompts are asked once (the judge cache)
-    from data_prep.runs import read_jsonl
+    from store.runs import read_jsonl
 
     judged = read_jsonl(tmp_path / "out" / "spy" / "without_distractors" / "judged.jsonl")
     assert len(judged) == 10 and all(r["judge"] == "test-model" and r["eval_resp"] == "reject" for r in judged)

@@ -1,4 +1,4 @@
-"""data_prep/log.py: the library's loggers print `warning: ...` / bare info to the current stderr, at the level
+"""cli/log.py: the library's loggers print `warning: ...` / bare info to the current stderr, at the level
 PRIVACY_ALIGN_VERBOSITY or a recipe's log level names, and TRL's deprecated-alias FutureWarning is filtered."""
 
 import logging
@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from data_prep import log
+from cli import log
 
 
 @pytest.fixture(autouse=True)
@@ -19,7 +19,7 @@ def test_levels_prefixes_and_the_current_stderr(capsys, monkeypatch):
     monkeypatch.delenv("PRIVACY_ALIGN_VERBOSITY", raising=False)
     log.setup()
     log.setup()  # idempotent: one handler
-    logger = logging.getLogger("data_prep.runs")
+    logger = logging.getLogger("store.runs")
     logger.info("wrote it")
     logger.warning("2 samples differ")
     logger.debug("hidden")

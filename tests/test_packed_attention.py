@@ -17,9 +17,9 @@ from test_packing import PACKING, TOL, token_logps, trainer_for
 from test_packing import both_batches as batches
 from test_preference_trainers import make_trainer, perturb
 
-from data_prep.errors import InputError
-from data_prep.families import FAMILIES
+from cli.errors import InputError
 from losses import packing
+from vlm.families import FAMILIES
 
 pytestmark = pytest.mark.slow
 FLEX = "flex_attention (block mask)"
@@ -113,7 +113,7 @@ def test_auto_falls_back_to_sdpa_with_one_warning(tiny_family_dir, synthetic_dir
 
 def test_explicit_flex_that_fails_stops_with_one_line(tiny_family_dir, synthetic_dir, tmp_path, monkeypatch,
                                                       capsys):
-    from data_prep.entry import run_main
+    from cli.entry import run_main
 
     trainer, dataset = trainer_for("dpo", "qwen2_vl", tiny_family_dir, synthetic_dir, tmp_path,
                                    packed_attention="flex")

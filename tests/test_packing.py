@@ -14,10 +14,10 @@ import pytest
 import torch
 from test_preference_trainers import loss_and_grads, make_trainer, perturb
 
-from data_prep.families import supports_packing
 from losses.nca_p_trainer import NCAPCollator
 from losses.vision_dpo_trainer import PreferenceCollator
 from train.tiny_model import FAMILIES
+from vlm.families import supports_packing
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5

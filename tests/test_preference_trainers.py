@@ -14,12 +14,12 @@ import torch
 from peft import LoraConfig
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from data_prep.families import supports_shared_vision
 from data_prep.spy_tune import build_dataset
 from losses import nca_p_loss
 from losses.nca_p_trainer import NCAPCollator, NCAPConfig, NCAPTrainer
 from losses.vision_dpo_trainer import PreferenceCollator, VisionDPOConfig, VisionDPOTrainer
 from train.tiny_model import FAMILIES
+from vlm.families import supports_shared_vision
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5

@@ -6,9 +6,9 @@ import pytest
 from chat_server import ChatServer
 from spatialtrust_fixtures import Oracle, judge_oracle
 
-from data_prep.runs import read_jsonl
 from eval.__main__ import main
 from eval.spatialtrust import data
+from store.runs import read_jsonl
 
 NO_KEY = ["--api-key-env", "SPATIALTRUST_TEST_NO_KEY"]
 

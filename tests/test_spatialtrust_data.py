@@ -6,7 +6,7 @@ import json
 import pytest
 from PIL import Image
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 from eval.spatialtrust import data
 
 

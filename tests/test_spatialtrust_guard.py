@@ -6,11 +6,11 @@ import pytest
 from chat_server import ChatServer, Reply
 from spatialtrust_fixtures import Oracle, final_answer
 
-from data_prep.errors import InputError
-from data_prep.runs import RunFile, read_jsonl
+from cli.errors import InputError
 from eval.backends import load_generator
 from eval.spatialtrust import data, guard
 from eval.spatialtrust.data import question
+from store.runs import RunFile, read_jsonl
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,12 @@ import random
 import pytest
 from chat_server import ChatServer, last_user_text
 
-from data_prep.runs import read_jsonl
 from eval.judge import JudgeClient
 from eval.spatialtrust import data
 from eval.spatialtrust.judge import judge_items, judge_run, parse_judge_verdict
 from eval.spatialtrust.prompts import judge_prompt
 from eval.spatialtrust.scoring import compute_metrics
+from store.runs import read_jsonl
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 from data_prep.spy_bench import build_samples, expand_item, load_items, sample_id, to_bench_item
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "spy_data"

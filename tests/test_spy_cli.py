@@ -15,10 +15,10 @@ import pytest
 from chat_server import ChatServer, Reply, image_urls, last_user_text
 from PIL import Image
 
-from data_prep.runs import read_jsonl
 from eval.__main__ import main as eval_main
 from eval.spy import cli
 from eval.spy.prompts import SELF_MOD_Q2, SELF_MOD_Q3
+from store.runs import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from chat_server import ChatServer, Flaky, Reply, last_user_text
 
-from data_prep.runs import read_jsonl, write_jsonl
 from data_prep.spy import label2text
 from data_prep.spy_bench import build_samples
 from data_prep.synthetic import COLOURS, REFUSAL_TEMPLATES, RESPOND_TEMPLATES, text_corpus
@@ -16,6 +15,7 @@ from eval.__main__ import main as eval_main
 from eval.spy.cli import judge
 from eval.spy.prompts import JUDGE_PROMPT, judge_prompt, parse_verdict
 from eval.spy.rule_judge import rule_verdict
+from store.runs import read_jsonl, write_jsonl
 
 SPEC = Path(__file__).resolve().parents[1] / ".." / "shared" / "specs" / "spy.md"
 FAST = {"backoff": 0.01, "max_backoff": 0.05}

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 from data_prep.spy import expected_verdict
 from data_prep.spy_bench import build_samples
 from eval.spy.metrics import spy_metrics, to_reference

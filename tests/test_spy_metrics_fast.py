@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from spy_metrics_speed import judged_records, reference  # noqa: E402
 
-from data_prep.errors import InputError  # noqa: E402
+from cli.errors import InputError  # noqa: E402
 from eval.spy.metrics import _metrics, spy_metrics, to_reference  # noqa: E402
 
 

@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
+from cli.errors import InputError
 from data_prep import spy
-from data_prep.errors import InputError
 from data_prep.spy_tune import build_dataset, load_items
 
 ABS = "a31_passport"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from data_prep.errors import new_file_mode
+from cli.errors import new_file_mode
 from train.common import METHOD_NAMES
 from train.tiny_model import FAMILIES
 
@@ -63,7 +63,7 @@ def test_method_trains_and_saves(script, recipe, method, family, tiny_family_dir
     out = tmp_path / recipe
     log = []
     history = launch(script, recipe, tiny_model_dir, synthetic_dir, out, log=log)
-    # the arguments logged once, the start said, TRL's deprecated-alias FutureWarning filtered (data_prep/log.py)
+    # the arguments logged once, the start said, TRL's deprecated-alias FutureWarning filtered (cli/log.py)
     assert log[0].count("arguments that differ from the defaults: {") == 1, log[0][-3000:]
     assert log[0].count("SpyTuneArguments: {") == 1 and log[0].count("ModelConfig: {") == 1  # data and model args
     assert f'"model_name_or_path": "{tiny_model_dir}"' in log[0]

@@ -15,7 +15,7 @@ import math
 import pytest
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 from data_prep.spy_tune import build_dataset
 from losses.nca_p_trainer import NCAPCollator, NCAPConfig, NCAPTrainer
 from losses.truncation import check_truncation, measure, token_counts
@@ -147,7 +147,7 @@ def test_a_max_steps_run_precomputes_only_the_rows_it_reads(kind, tiny_model_dir
 
 
 def test_a_row_that_was_not_precomputed_stops_the_step(tiny_model_dir, synthetic_dir, tmp_path):
-    from data_prep.errors import RunStopped
+    from cli.errors import RunStopped
 
     trainer = preference_trainer("dpo", tiny_model_dir, synthetic_dir, tmp_path / "out", n=2,
                                  precompute_ref_log_probs=True)
@@ -162,7 +162,7 @@ def test_use_peft_without_targets_takes_the_language_models_projections(tiny_fam
 
     from peft import LoraConfig, get_peft_model
 
-    from data_prep.families import default_lora_targets
+    from vlm.families import default_lora_targets
 
     for family in FAMILIES:
         model = AutoModelForImageTextToText.from_pretrained(tiny_family_dir(family))

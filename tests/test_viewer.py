@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.runs import read_jsonl, write_jsonl
 from data_prep.spy import expected_verdict
 from eval.view.browser import CHROMIUM, chromium
+from store.runs import read_jsonl, write_jsonl
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.is_file(), reason="needs Debian's Chromium at /usr/bin/chromium "
                                 "(apt-get install chromium chromium-driver; .ci/run installs it)")

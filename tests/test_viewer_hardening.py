@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from test_viewer import browser, gold_prediction, open_view, shown, two_runs  # noqa: F401 - the fixture is shared
 
-from data_prep.runs import read_jsonl, read_run, write_jsonl
 from eval.view.browser import CHROMIUM
+from store.runs import read_jsonl, read_run, write_jsonl
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.is_file(), reason="needs Debian's Chromium at /usr/bin/chromium")
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.errors import InputError
-from data_prep.runs import read_jsonl
+from cli.errors import InputError
+from store.runs import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_VENV = ROOT / ".venv-vllm"

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 from transformers import TrainerCallback
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 from train.common import METHOD_NAMES
 
 # Used when the base model's own card names no licence: Qwen2-VL / Qwen2.5-VL 2B-7B, the family recipes train.
@@ -201,7 +201,7 @@ def _table(metrics: dict) -> str:
 
 def save_card(card, folder) -> Path:
     """Write README.md atomically (a reader never sees half a card)."""
-    from data_prep.runs import write_text
+    from store.runs import write_text
 
     path = Path(folder) / "README.md"
     write_text(path, str(card))
@@ -214,7 +214,7 @@ def fix_adapter_base(folder, base_model: str) -> None:
     if path.exists():
         config = json.loads(path.read_text())
         config["base_model_name_or_path"] = base_reference(base_model)
-        from data_prep.runs import write_json
+        from store.runs import write_json
 
         write_json(path, config)
 
@@ -253,7 +253,7 @@ class CardCallback(TrainerCallback):
                           for f in dataclasses.fields(self.script_args)}
                 config.update({f"model/{f.name}": getattr(self.model_args, f.name)
                                for f in dataclasses.fields(self.model_args) if "token" not in f.name})
-                from data_prep.secrets import redact_obj
+                from cli.secrets import redact_obj
 
                 wandb.run.config.update(redact_obj(json.loads(json.dumps(config, default=str))), allow_val_change=True)
                 wandb.run.tags = tuple(sorted({*(wandb.run.tags or ()), self.method}))
@@ -288,7 +288,7 @@ def attach(trainer, method: str, script_args, training_args, model_args) -> None
     from train.resume import RunSettings, run_settings
 
     trainer.add_callback(RunSettings(run_settings(script_args, training_args, model_args)))  # in every checkpoint
-    from data_prep.runs import mark_folder
+    from store.runs import mark_folder
     from train.common import training_command
 
     mark_folder(training_args.output_dir, training_command())  # all input checked: the folder is this run's now
@@ -307,7 +307,7 @@ def finish(trainer, method: str, script_args, training_args, model_args) -> None
     save_card(build_card(training_args.output_dir, method, base, script_args, training_args, model_args,
                          trainer.state.log_history, packed_attention_ran=packed_attention_ran(trainer.model)),
               training_args.output_dir)
-    from data_prep.runs import write_json
+    from store.runs import write_json
 
     write_json(Path(training_args.output_dir) / "train_metrics.json", trainer.state.log_history)
     print(f"saved the {METHOD_NAMES[method]} model, its card and train_metrics.json to {training_args.output_dir} "
@@ -327,7 +327,7 @@ def packed_attention_ran(model) -> dict | None:
 def add_card_evaluation(output_dir, title: str, metrics: dict) -> None:
     """Add measured metrics to a saved card as a section above its recipe (a local run without a Hub repo;
     `python -m eval suite --push-to-hub` writes them as model-index instead)."""
-    from data_prep.runs import write_text
+    from store.runs import write_text
 
     path = Path(output_dir) / "README.md"
     text = path.read_text()

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from data_prep.entry import ArgumentParser, run_command
-from data_prep.errors import check_image
-from data_prep.numbers import option
+from cli.entry import ArgumentParser, run_command
+from cli.errors import check_image
+from cli.numbers import option
 
 
 def answer(model_path: str, image: str, instruction: str, question: str, max_new_tokens: int = 256,

@@ -11,10 +11,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_prep import numbers
-from data_prep.entry import run_command
-from data_prep.errors import InputError, unwritable
-from data_prep.strict_yaml import did_you_mean
+from cli import numbers
+from cli.entry import run_command
+from cli.errors import InputError, unwritable
+from cli.strict_yaml import did_you_mean
 
 logger = logging.getLogger(__name__)
 METHOD_NAMES = {"sft": "SFT", "dpo": "DPO", "nca": "NCA", "nca_p": "NCA-P", "grpo": "GRPO"}
@@ -48,7 +48,7 @@ class SpyTuneArguments:
 
 
 def run(main) -> None:
-    """Run an entry script through the shared wrapper (data_prep/entry.py): bad input ends it with one line and
+    """Run an entry script through the shared wrapper (cli/entry.py): bad input ends it with one line and
     exit status 2, a diverged loss with one line and 1, Ctrl-C with one line and 130."""
     run_command(main, interrupted="interrupted; the same command with --resume_from_checkpoint true resumes from the "
                             "last complete checkpoint")
@@ -75,7 +75,7 @@ def parse_recipe(*dataclass_types):
         env = config.pop("env", None) or {}
         if not isinstance(env, dict):
             raise InputError(argv[0], None, "env", "expected a mapping of variable: value")
-        from data_prep.secrets import SECRET_NAME
+        from cli.secrets import SECRET_NAME
 
         for name in env:
             if SECRET_NAME.search(str(name)):
@@ -106,7 +106,7 @@ def parse_recipe(*dataclass_types):
 def _log_arguments(*parsed) -> None:
     """The data and model arguments that differ from their defaults, once, from the first process, when all input
     is checked (bad input stays one line; the trainer logs the training arguments)."""
-    from data_prep import log
+    from cli import log
     from losses.checkpointing import non_default_arguments
 
     if int(os.environ.get("RANK", "0")) == 0:
@@ -116,10 +116,10 @@ def _log_arguments(*parsed) -> None:
 
 
 def _recipe_schema(actions) -> dict:
-    """Option -> the data_prep.strict_yaml schema of its recipe value: a flag takes true or false (never the text
+    """Option -> the cli.strict_yaml schema of its recipe value: a flag takes true or false (never the text
     "no", nor 1), a list option a list of plain values (one value is a list of one, as on the command line:
     `loss_type: sigmoid`); anything else goes through argparse's conversion below."""
-    from data_prep.strict_yaml import ANY, TEXT
+    from cli.strict_yaml import ANY, TEXT
 
     schema = {}
     for action in actions:
@@ -136,7 +136,7 @@ def _read_recipe(path, actions) -> dict:
     """The recipe's `key: value` pairs, each a known option of the type it takes (`_recipe_schema`); a value
     argparse will not convert (it converts only strings, and YAML has typed the rest) is handed over as text when
     it is not of the option's type, so `max_steps: 1.5` fails as `--max_steps 1.5` does."""
-    from data_prep import secrets, strict_yaml
+    from cli import secrets, strict_yaml
 
     schema = _recipe_schema(actions)
     actions = {action.dest: action for action in actions}
@@ -190,7 +190,7 @@ def _source(name: str | None = None) -> str:
 
 
 # Recipe options and their ranges (None means unset), checked on every config that has them; every other float
-# option must be finite (data_prep/numbers.py).
+# option must be finite (cli/numbers.py).
 TRAINING_RULES = {
     **{name: numbers.POSITIVE for name in (
         "learning_rate", "num_train_epochs", "beta", "lora_alpha", "adam_epsilon")},
@@ -236,10 +236,10 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
 
 
 def _default_lora_targets(model_args, training_args, fail) -> None:
-    """`--use_peft true` without `lora_target_modules`: the family's default targets (data_prep/families.py), said
+    """`--use_peft true` without `lora_target_modules`: the family's default targets (vlm/families.py), said
     once; a family without one is refused here, before the data and the model load (PEFT would stop later with a
     traceback)."""
-    from data_prep.families import default_lora_targets, model_type_of
+    from vlm.families import default_lora_targets, model_type_of
 
     try:
         model_type = model_type_of(model_args.model_name_or_path, revision=model_args.model_revision,
@@ -275,12 +275,12 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
     problem = unwritable(out, is_folder=True)
     if problem:
         fail("output_dir", f"{out} {problem}")
-    from data_prep import locks
+    from store import locks
     from train.resume import check_resume
 
     check_resume(script_args, training_args, model_args, resume_checkpoint(training_args), fail)
     if not any(out.glob("checkpoint-*")):  # a run's checkpoints make it that run's folder (resumed, or copied)
-        from data_prep.runs import claim_folder
+        from store.runs import claim_folder
 
         # transformers writes README.md, config.json... there: a folder of the user's files is refused
         claim_folder(out, training_command(), option="--output_dir", mark=False)
@@ -288,7 +288,7 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
 
 
 def training_command() -> str:
-    """What an output folder's marker names as its maker (data_prep.runs.claim_folder): the training script."""
+    """What an output folder's marker names as its maker (store.runs.claim_folder): the training script."""
     return f"train/{Path(sys.argv[0]).name}"
 
 
@@ -368,7 +368,7 @@ def _load_model_and_processor(model_args, script_args: SpyTuneArguments, trainin
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import get_quantization_config
 
-    from data_prep.families import pixel_kwargs
+    from vlm.families import pixel_kwargs
 
     trust = training_args.trust_remote_code
     pixel_bounds = pixel_kwargs(model_args.model_name_or_path, script_args.min_pixels, script_args.max_pixels,

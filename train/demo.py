@@ -26,11 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-from data_prep import strict_yaml
-from data_prep.entry import ArgumentParser
-from data_prep.errors import InputError
-from data_prep.numbers import option
-from data_prep.runs import claim_folder, write_json, write_text
+from cli import strict_yaml
+from cli.entry import ArgumentParser
+from cli.errors import InputError
+from cli.numbers import option
+from store.runs import claim_folder, write_json, write_text
 from train.common import run
 
 ROOT = Path(__file__).resolve().parents[1]

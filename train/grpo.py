@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from trl import ModelConfig, get_peft_config  # noqa: E402
 
-from data_prep.strict_yaml import did_you_mean  # noqa: E402
+from cli.strict_yaml import did_you_mean  # noqa: E402
 from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer  # noqa: E402
 from losses.rewards import REWARD_NAMES, JudgeSettings, VerdictJudge, make_reward_funcs  # noqa: E402
 from train.card import attach, finish  # noqa: E402

@@ -14,8 +14,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from data_prep.entry import ArgumentParser, run_command
-from data_prep.runs import check_outputs
+from cli.entry import ArgumentParser, run_command
+from store.runs import check_outputs
 
 
 def fail(message: str) -> None:

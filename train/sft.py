@@ -17,7 +17,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config  # noqa: E402
 
-from data_prep.families import supports_packing  # noqa: E402
 from losses.checkpointing import HubFormatResumeMixin  # noqa: E402
 from losses.packing import PaddingFreeCollator, enable_packing  # noqa: E402
 from losses.truncation import check_truncation  # noqa: E402
@@ -31,8 +30,9 @@ from train.common import (  # noqa: E402
     resume_checkpoint,
     run,
 )
+from vlm.families import supports_packing  # noqa: E402
 
-logger = logging.getLogger("train.sft")  # a package logger (data_prep/log.py), run as a file or not
+logger = logging.getLogger("train.sft")  # a package logger (cli/log.py), run as a file or not
 
 
 class SpySFTTrainer(HubFormatResumeMixin, SFTTrainer):

@@ -32,8 +32,8 @@ from pathlib import Path
 # count rounds floats differently), and on a shared 2-core machine two threads per process ran 2x slower than one.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from data_prep.entry import ArgumentParser
-from data_prep.numbers import option
+from cli.entry import ArgumentParser
+from cli.numbers import option
 from train.common import METHOD_NAMES, run  # noqa: E402
 from train.demo import METHODS, ROOT, SETTINGS, Clock, build_once, open_out, train, training_summary  # noqa: E402
 
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
               "wall_seconds": round(time.time() - log.start, 1),
               "train_seconds": round(sum(r["training"].get("train_runtime", 0) for m in METHODS
                                          for r in per_seed[m].values()), 1)}
-    from data_prep.runs import write_json, write_text
+    from store.runs import write_json, write_text
 
     write_json(out / "study.json", report)
     text = tables(report)

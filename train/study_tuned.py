@@ -31,8 +31,8 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from data_prep.entry import ArgumentParser
-from data_prep.numbers import int_at_least, option, positive_float
+from cli.entry import ArgumentParser
+from cli.numbers import int_at_least, option, positive_float
 from train.common import METHOD_NAMES
 
 PAIRS = (("nca_p", "nca"), ("nca_p", "dpo"), ("nca", "dpo"), ("grpo", "nca_p"), ("grpo", "dpo"))
@@ -148,7 +148,7 @@ def tuned_settings(args) -> dict:
     """Complete and check the tuned protocol's arguments and pin the numerics; its settings (what a resumed run must
     share), with the platform's torch version, CPU capability, thread count and pinned settings (floats differ
     across them)."""
-    from data_prep.errors import InputError
+    from cli.errors import InputError
 
     args.seeds = args.seeds or list(range(SEEDS))
     args.steps = args.steps or TUNED_STEPS
@@ -546,7 +546,7 @@ def plot_curves(report: dict, path: Path) -> None:
 
 
 def write_report(report: dict, out: Path) -> str:
-    from data_prep.runs import write_json, write_text
+    from store.runs import write_json, write_text
 
     write_json(out / "study.json", report)
     text = tables(report)
@@ -562,7 +562,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("study", help="study.json of `python -m train.study --protocol tuned`")
     parser.add_argument("--alt", help="the same study on another platform (--kept-from): its verdicts beside ours")
     args = parser.parse_args(argv)
-    from data_prep.errors import read_json
+    from cli.errors import read_json
 
     print(tables(read_json(args.study), read_json(args.alt) if args.alt else None))
 

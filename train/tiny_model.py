@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from data_prep.entry import ArgumentParser
-from data_prep.errors import InputError
-from data_prep.numbers import option
+from cli.entry import ArgumentParser
+from cli.errors import InputError
+from cli.numbers import option
 from train.common import run
 
 ASSETS = Path(__file__).parent / "assets"
@@ -190,7 +190,7 @@ def _gemma3(corpus, vocab_size, hidden, layers, heads, kv_heads, vision_depth, v
 
 
 # family -> builder(corpus, vocab_size, hidden, layers, heads, kv_heads, vision_depth, vision_embed, min_pixels,
-# max_pixels, moe) -> (model, processor). The keys are the families' `model_type`s (data_prep/families.py).
+# max_pixels, moe) -> (model, processor). The keys are the families' `model_type`s (vlm/families.py).
 FAMILIES = {
     "qwen2_vl": _qwen_family("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor",
                              "Qwen2VLVideoProcessor", "qwen2_vl_chat_template.jinja", 14),
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vision-embed", type=option("vision_embed"), default=32)
     parser.add_argument("--seed", type=option("seed"), default=0)
     args = parser.parse_args(argv)
-    from data_prep.runs import check_outputs, claim_folder
+    from store.runs import check_outputs, claim_folder
 
     try:
         Path(args.out_dir).mkdir(parents=True, exist_ok=True)

@@ -51,7 +51,7 @@ for _key, _value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DAT
                      "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
     os.environ.setdefault(_key, _value)
 
-# Runs from a plain checkout, installed or not: the repository root (data_prep, losses, train), benchmarks/ (the CPU
+# Runs from a plain checkout, installed or not: the repository root (the project's packages), benchmarks/ (the CPU
 # benchmark's step helpers) and this folder (checks)
 _HERE = Path(__file__).resolve().parent
 for _path in (_HERE, _HERE.parent, _HERE.parents[1]):

@@ -32,7 +32,7 @@ import importlib, importlib.metadata as md, platform
 print("python", platform.python_version())
 for name in ("torch", "torchvision", "transformers", "trl", "peft", "accelerate", "datasets", "huggingface_hub",
              "tokenizers", "safetensors", "pyarrow", "fsspec", "dill", "multiprocess", "triton", "numpy", "PIL",
-             "data_prep", "losses", "train"):
+             "data_prep", "losses", "train", "cli", "store", "vlm"):
     try:
         module = importlib.import_module(name)
     except Exception as exc:  # report every missing piece at once, then fail below

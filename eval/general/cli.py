@@ -16,11 +16,11 @@ import ast
 import logging
 from pathlib import Path
 
-from data_prep.entry import ArgumentParser
-from data_prep.errors import InputError
-from data_prep.numbers import int_at_least
-from data_prep.runs import RunFile, check_outputs, claim_files, nonempty
+from cli.entry import ArgumentParser
+from cli.errors import InputError
+from cli.numbers import int_at_least
 from eval.general import mme, mmmu, ocrbench, results
+from store.runs import RunFile, check_outputs, claim_files, nonempty
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def generate(args) -> int:
 
 
 def read_run(bench, path) -> list[dict]:
-    from data_prep.runs import read_jsonl
+    from store.runs import read_jsonl
 
     records = read_jsonl(path, required=("id", "response", *bench.RUN_FIELDS))
     if not records:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from data_prep.errors import InputError
-from data_prep.runs import RunFile, iter_chunks
+from cli.errors import InputError
+from store.runs import RunFile, iter_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def finalize(out_path, items: list[dict]) -> list[dict]:
 
 def read_run(path, required: tuple[str, ...]) -> list[dict]:
     """The records of a finished run file; `response` may be null where generation failed for good."""
-    from data_prep.runs import read_jsonl
+    from store.runs import read_jsonl
 
     return read_jsonl(path, required=("id", "response", *required))
 

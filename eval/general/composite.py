@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from data_prep.entry import ArgumentParser
-from data_prep.errors import InputError
-from data_prep.runs import check_outputs, write_json
+from cli.entry import ArgumentParser
+from cli.errors import InputError
 from eval.general.results import BENCHMARKS, NORMALIZER, as_number, find_result, read_json_file, read_result
+from store.runs import check_outputs, write_json
 
 UNDEFINED = {
     "ics": "the SPY run has no complete no-scenario pair of instructions",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 from eval.general import common
 
 NAME = "mme"

@@ -20,7 +20,7 @@ import random
 import re
 import string
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 from eval.general import common
 
 NAME = "mmmu"

@@ -8,7 +8,7 @@ real benchmark, so the score is out of 1000.
 
 from __future__ import annotations
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 from eval.general import common
 
 NAME = "ocrbench"

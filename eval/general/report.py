@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from data_prep.runs import write_json, write_text
 from eval.general.composite import general_score
 from eval.general.results import NORMALIZER
+from store.runs import write_json, write_text
 
 # Qwen2-VL-7B-Instruct. "official": the QwenLM/Qwen2-VL README image-benchmark table. The reproductions:
 # VLMEvalKit MMMU from QwenLM/Qwen3-VL#628, VLMEvalKit MME (perception 1677.37 + reasoning 606.07) from

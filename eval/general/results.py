@@ -19,8 +19,8 @@ import json
 import math
 from pathlib import Path
 
-from data_prep.errors import InputError, read_json, read_text
-from data_prep.runs import write_json, write_text
+from cli.errors import InputError, read_json, read_text
+from store.runs import write_json, write_text
 
 BENCHMARKS = ("mmmu", "ocrbench", "mme")
 # Divide a benchmark's number by this to get its 0..100 term of the SPY general score.
@@ -94,7 +94,7 @@ def write_vlmeval(score: dict, directory, name: str | None = None) -> list[Path]
 
 def write_score(score: dict, out_path) -> Path:
     """Our score JSON at `out_path`, with the per-item verdicts beside it in `<stem>.items.jsonl`."""
-    from data_prep.runs import write_jsonl
+    from store.runs import write_jsonl
 
     out_path = Path(out_path)
     items_path = out_path.with_name(out_path.stem + ".items.jsonl")

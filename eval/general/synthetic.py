@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from data_prep.errors import InputError, read_json
-from data_prep.paths import inside
-from data_prep.runs import write_json
+from cli.errors import InputError, read_json
+from cli.paths import inside
+from store.runs import write_json
 
 
 def load(path, limit: int | None = None) -> list[dict]:

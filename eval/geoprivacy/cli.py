@@ -14,12 +14,12 @@ import logging
 import sys
 from pathlib import Path
 
-from data_prep.entry import ArgumentParser
-from data_prep.errors import InputError, check_image, read_text
-from data_prep.numbers import int_at_least
-from data_prep.runs import RunFile, check_outputs, claim_files, nonempty, warn_if_empty, warn_unequal_counts
+from cli.entry import ArgumentParser
+from cli.errors import InputError, check_image, read_text
+from cli.numbers import int_at_least
 from eval.geoprivacy import data
 from eval.geoprivacy.prompts import MAX_FOLLOWUPS, METHODS, PROMPT_FORMATS
+from store.runs import RunFile, check_outputs, claim_files, nonempty, warn_if_empty, warn_unequal_counts
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def cmd_generate(args, generator=None) -> int:
 
 def _read_run(path, required, made_by):
     """(records, the line of the first record) of the run file a step reads, made by the step before it."""
-    from data_prep.runs import read_run
+    from store.runs import read_run
 
     header, numbered = read_run(path, required=required, made_by=made_by)
     records = [r for _, r in numbered]
@@ -173,7 +173,7 @@ def cmd_coordinates(args) -> int:
     check_outputs([args.input], [args.out, cache])
     records, _ = _read_run(args.input, ("id", "Q7-gen", "Q7-label"), made_by=("geo judge",))
     RunFile(args.out, header={"step": "geo coordinates", "extract_model": args.extract_model}, new_run=args.new_run)
-    from data_prep.secrets import register
+    from cli.secrets import register
 
     register(args.geocoder_key_env)  # its value is redacted from everything written or printed
     key = os.environ.get(args.geocoder_key_env)

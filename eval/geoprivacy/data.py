@@ -14,9 +14,9 @@ import json
 import re
 from pathlib import Path
 
-from data_prep.errors import InputError, read_text
-from data_prep.paths import inside
-from data_prep.runs import read_jsonl
+from cli.errors import InputError, read_text
+from cli.paths import inside
+from store.runs import read_jsonl
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEFAULT_LABELS = ASSETS / "annotation_labels.csv"

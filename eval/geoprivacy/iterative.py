@@ -11,8 +11,8 @@ Each turn's answers and labels live in their own run files next to the output (`
 
 from __future__ import annotations
 
-from data_prep.runs import write_jsonl
 from eval.geoprivacy.prompts import MAX_FOLLOWUPS, followup_text
+from store.runs import write_jsonl
 
 
 def turn_id(sample_id: str, turn: int) -> str:
@@ -22,7 +22,7 @@ def turn_id(sample_id: str, turn: int) -> str:
 def iter_cot_run(generator, judge, ids: list[str], make_request, out_path, meta: dict, judge_model: str,
                  header: dict | None = None, new_run: bool = False) -> list[dict]:
     """`make_request(sample_id, user_text=None, request_id=None)` builds one Generator request; `header` and
-    `new_run` go to the turns run file (data_prep.runs.RunFile)."""
+    `new_run` go to the turns run file (store.runs.RunFile)."""
     from eval.backends import generate_run
     from eval.geoprivacy.judge import judge_run
 

@@ -24,9 +24,9 @@ from geopy.extra.rate_limiter import RateLimiter
 from geopy.geocoders import GoogleV3
 from tqdm import tqdm
 
-from data_prep.errors import InputError, key_refused
-from data_prep.runs import RunFile, iter_chunks
+from cli.errors import InputError, key_refused
 from eval.geoprivacy.prompts import PROMPTS, extraction_messages, judge_messages
+from store.runs import RunFile, iter_chunks
 
 CHUNK = 64  # prompts per client call: a killed run loses at most one chunk of judge calls
 GOOGLE_GEOCODE_URL = "https://maps.googleapis.com/maps/api/geocode/json"

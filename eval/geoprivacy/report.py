@@ -57,8 +57,8 @@ def _slug(name: str) -> str:
 
 def write_report(out: dict, out_dir) -> str:
     """Write metrics.json, metrics.md and q7_confusion_<file>.png into `out_dir`; returns the markdown."""
-    from data_prep.runs import claim_files, write_json, write_text
     from eval.report import heatmap
+    from store.runs import claim_files, write_json, write_text
 
     out_dir = Path(out_dir)
     drawn = {name for name, entry in out["files"].items()

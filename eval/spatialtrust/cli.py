@@ -15,10 +15,13 @@ import json
 import logging
 from pathlib import Path
 
-from data_prep.entry import ArgumentParser
-from data_prep.errors import InputError, read_json
-from data_prep.numbers import int_at_least, option
-from data_prep.runs import (
+from cli.entry import ArgumentParser
+from cli.errors import InputError, read_json
+from cli.numbers import int_at_least, option
+from eval.spatialtrust import data
+from eval.spatialtrust.guard import DEFAULT_RETRIES, MODES
+from eval.spatialtrust.parsing import BOX_SCALES
+from store.runs import (
     RunFile,
     check_outputs,
     claim_folder,
@@ -29,9 +32,6 @@ from data_prep.runs import (
     write_json,
     write_jsonl,
 )
-from eval.spatialtrust import data
-from eval.spatialtrust.guard import DEFAULT_RETRIES, MODES
-from eval.spatialtrust.parsing import BOX_SCALES
 
 logger = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ import math
 import random
 from pathlib import Path
 
-from data_prep.errors import InputError, check_image, read_text
-from data_prep.paths import inside
-from data_prep.runs import read_jsonl, write_jsonl
+from cli.errors import InputError, check_image, read_text
+from cli.paths import inside
+from store.runs import read_jsonl, write_jsonl
 
 QIDS = ("q1", "q2", "q3", "q4", "q5")
 CHOICE_QIDS = ("q1", "q2", "q3")

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import re
 
-from data_prep.errors import InputError
-from data_prep.runs import RunFile
+from cli.errors import InputError
 from eval.spatialtrust import prompts
 from eval.spatialtrust.data import (
     CATEGORY,
@@ -40,6 +39,7 @@ from eval.spatialtrust.parsing import (
     parse_choices,
     parse_one_pass,
 )
+from store.runs import RunFile
 
 MODES = ("one-pass", "staged", "guard")
 DEFAULT_RETRIES = 2  # final-stage attempts after the first

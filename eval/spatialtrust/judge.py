@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from data_prep.runs import RunFile
 from eval.spatialtrust.data import FREE_QIDS, question
 from eval.spatialtrust.parsing import extract_json, lookup
 from eval.spatialtrust.prompts import judge_prompt
 from eval.spatialtrust.scoring import is_unparsable, prediction_digest
+from store.runs import RunFile
 
 
 def _flag(value) -> bool | None:

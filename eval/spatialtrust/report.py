@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from data_prep.runs import write_text
 from eval.report import bar_chart, markdown_table
 from eval.spatialtrust.data import QIDS
+from store.runs import write_text
 
 COLUMNS = [*QIDS, "overall"]
 # The SpatialTrust paper, Qwen3-VL-30B-A3B-Instruct (percent); blanks were not reported.

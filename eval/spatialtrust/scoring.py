@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 from eval.spatialtrust.data import (
     CHOICE_QIDS,
     FREE_QIDS,

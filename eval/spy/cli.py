@@ -24,11 +24,12 @@ import argparse
 import logging
 from pathlib import Path
 
+from cli.entry import ArgumentParser
+from cli.errors import InputError, read_json
+from cli.numbers import int_at_least, option, positive_float
 from data_prep.categories import CategorySet, as_categories
-from data_prep.entry import ArgumentParser
-from data_prep.errors import InputError, read_json
-from data_prep.numbers import int_at_least, option, positive_float
-from data_prep.runs import (
+from data_prep.spy_bench import build_samples, sample_id
+from store.runs import (
     RunFile,
     check_outputs,
     claim_files,
@@ -40,7 +41,6 @@ from data_prep.runs import (
     write_json,
     write_text,
 )
-from data_prep.spy_bench import build_samples, sample_id
 
 logger = logging.getLogger(__name__)
 

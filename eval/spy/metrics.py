@@ -52,8 +52,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from cli.errors import InputError
 from data_prep.categories import as_categories
-from data_prep.errors import InputError
 from data_prep.spy import SAFE_LABEL
 
 SCORES = ("accuracy", "abs_accuracy", "ics", "abs_ics", "rta_nonconflict", "ata_nonconflict", "ics_nonconflict",

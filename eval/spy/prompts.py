@@ -9,8 +9,8 @@ judged with exactly this text.
 
 from __future__ import annotations
 
+from cli.paths import inside
 from data_prep.categories import as_categories
-from data_prep.paths import inside
 
 # Formatted with (label text, the bare question, the response): the judge sees neither the instructions
 # nor the scenario, as in the reference.

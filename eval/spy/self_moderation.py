@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from tqdm.auto import tqdm
 
-from data_prep.errors import InputError, check_image
-from data_prep.paths import inside
-from data_prep.runs import RunFile, read_jsonl
+from cli.errors import InputError, check_image
+from cli.paths import inside
 from eval.spy.prompts import SELF_MOD_Q2, SELF_MOD_Q3, user_turn
+from store.runs import RunFile, read_jsonl
 
 
 def instruction_part(input_question: str) -> str:
@@ -47,7 +47,7 @@ def load_answered(path, images_dir) -> list[dict]:
 def self_moderate(generator, records: list[dict], images_dir, out_path, progress: bool = True,
                   header: dict | None = None, new_run: bool = False) -> list[dict]:
     """Add `resp_2` and `resp_3` to every record, resumably, in `out_path` (records in input order);
-    `header` / `new_run` as in data_prep.runs.RunFile."""
+    `header` / `new_run` as in store.runs.RunFile."""
     run = RunFile(out_path, header=header, new_run=new_run)
     for turn, field in ((2, "resp_2"), (3, "resp_3")):
         todo = []

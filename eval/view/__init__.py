@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from data_prep.entry import ArgumentParser
-from data_prep.errors import InputError
-from data_prep.runs import check_outputs
+from cli.entry import ArgumentParser
+from cli.errors import InputError
+from store.runs import check_outputs
 
 
 def given_inputs(images=None, spatialtrust_data=None, geo_labels=None, geo_images=None, inputs=None) -> dict:

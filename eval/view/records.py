@@ -18,11 +18,11 @@ import math
 import re
 from pathlib import Path
 
+from cli.errors import InputError, read_json
+from cli.paths import inside
 from data_prep.categories import as_categories
-from data_prep.errors import InputError, read_json
-from data_prep.paths import inside
-from data_prep.runs import read_jsonl, read_run
 from data_prep.spy import expected_verdict
+from store.runs import read_jsonl, read_run
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ GEO_GRANULARITY = {"A": "abstain", "B": "country / city", "C": "exact location"}
 
 def recorded_root(folder, value, source, field: str, flag: str | None = None) -> Path | None:
     """A root that a run records for itself (results.json's `inputs`, a run header's `images`), relative to the
-    run's folder. It gets the rule of every path a data file names (data_prep.paths.inside): inside that folder,
+    run's folder. It gets the rule of every path a data file names (cli.paths.inside): inside that folder,
     or it is not used (a crafted results.json must not make us copy files from elsewhere into a site); the warning
     says which option names the folder instead."""
     if value is None:
@@ -272,7 +272,7 @@ def spatialtrust_rows(predictions_path, data_path, mode: str = "predictions", im
     from eval.spatialtrust import data
     from eval.spatialtrust.scoring import score_image, validate_predictions
 
-    records = data.load(data_path, image_root=image_root)  # its image paths bounded by data_prep.paths
+    records = data.load(data_path, image_root=image_root)  # its image paths bounded by cli.paths
     predictions = read_jsonl(predictions_path, required=("image_id",))
     validate_predictions(predictions_path, predictions, records)
     for line, prediction in data.with_line_numbers(predictions_path, predictions):

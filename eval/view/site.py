@@ -9,9 +9,9 @@ import hashlib
 import shutil
 from pathlib import Path
 
-from data_prep.errors import InputError
-from data_prep.runs import claim_folder, write_text
+from cli.errors import InputError
 from eval.view.records import GEO_GRANULARITY, dumps, safe_text
+from store.runs import claim_folder, write_text
 
 ASSETS = Path(__file__).parent / "assets"
 CHUNK_ROWS = 2000
@@ -82,7 +82,7 @@ def category_names(rows: list[dict]) -> dict:
     return names
 
 
-COMMAND = "eval view"  # the marker (data_prep.runs.claim_folder) that says a folder is a viewer we wrote
+COMMAND = "eval view"  # the marker (store.runs.claim_folder) that says a folder is a viewer we wrote
 SITE_FILES = {"index.html", "viewer.js", "viewer.css", "data", "img"}
 
 

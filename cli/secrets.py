@@ -5,7 +5,7 @@
 names the variable to set instead. `redact` is the one redaction step: it replaces every secret value known to
 the process (the values of environment variables named like keys, and of any variable a client was told to read
 its key from, `register`) and the key parameters of URLs (`?key=...`) with `<redacted VAR>`. Everything written
-goes through it (data_prep.runs' writers and run files), and `guard_streams` puts it in front of stdout and stderr,
+goes through it (store.runs' writers and run files), and `guard_streams` puts it in front of stdout and stderr,
 so prints, log lines, progress bars and tracebacks are covered too.
 """
 
@@ -69,7 +69,7 @@ def redact_obj(obj):
 
 def refuse_in_config(path, obj, field: str = "", line_of=None) -> None:
     """InputError at the first key-like field or key-like value in `obj`, naming the variable to use."""
-    from data_prep.errors import InputError
+    from cli.errors import InputError
 
     secrets = known()
 

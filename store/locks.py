@@ -17,8 +17,8 @@ import os
 import threading
 from pathlib import Path
 
-from data_prep.errors import InputError
-from data_prep.processes import is_main_process
+from cli.errors import InputError
+from store.processes import is_main_process
 
 _held: dict[str, list] = {}  # lock file -> [fd, count]
 _mutex = threading.Lock()

@@ -9,7 +9,7 @@ order of the inputs and without superseded lines, so an interrupted-and-resumed 
 file an uninterrupted run writes. A run file's first line is a header recording what made it (see RunFile).
 
 Below them, the checks every command makes before it loads a model or writes anything: outputs that are
-inputs or cannot be written (`check_outputs`); numeric options are checked by data_prep/numbers.py.
+inputs or cannot be written (`check_outputs`); numeric options are checked by cli/numbers.py.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from data_prep import locks, secrets
-from data_prep.errors import InputError, new_file_mode, read_text, unwritable
-from data_prep.processes import is_main_process
+from cli import secrets
+from cli.errors import InputError, new_file_mode, read_text, unwritable
+from store import locks
+from store.processes import is_main_process
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def read_run(path, required: Iterable[str] = (), made_by: Iterable[str] = ()
 def write_text(path, text: str) -> None:
     """Write a text file atomically (temporary file + rename): readers see the old file or the new one.
     The file gets the permissions of any newly created file (0666 less the umask), not mkstemp's 0600. Every
-    secret the process knows is redacted first (data_prep.secrets): no key reaches a file through here."""
+    secret the process knows is redacted first (cli.secrets): no key reaches a file through here."""
     if not is_main_process():
         return
     text = secrets.redact(text)
@@ -128,9 +129,9 @@ class RunFile:
     rewritten.
     Opening never changes the file: a torn last line is cut only when something is appended, i.e. after the
     command has checked all its input; a last line that is complete but lacks its newline is kept.
-    Once the file is known to be this run's, it is locked (data_prep.locks) until `close()` or the end of the
+    Once the file is known to be this run's, it is locked (store.locks) until `close()` or the end of the
     process: a second command on the same file stops at once, naming this one's pid. Records are redacted
-    (data_prep.secrets) as they are written: a server error that echoes the key is stored without it."""
+    (cli.secrets) as they are written: a server error that echoes the key is stored without it."""
 
     def __init__(self, path, key: str = "id", header: dict | None = None, new_run: bool = False):
         self.path = Path(path)

@@ -23,7 +23,7 @@ its pixel bounds go to its processor unchanged.
 
 from __future__ import annotations
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 
 LANGUAGE_PROJECTIONS = r".*\.language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
 FAMILIES = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 
 ALLOW_ENV = "PRIVACY_ALIGN_ALLOW_OUTSIDE_PATHS"
 

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Iterator
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 
-from data_prep.errors import InputError, RunStopped, key_refused
-from data_prep.numbers import RULES, check_value
+from cli.errors import InputError, RunStopped, key_refused
+from cli.numbers import RULES, check_value
 
 
 def load_image(image):
@@ -152,7 +152,7 @@ class ChatClient:
         self._api_key()  # fail before any work when the key is missing
 
     def _api_key(self) -> str:
-        from data_prep.secrets import register
+        from cli.secrets import register
 
         register(self.api_key_env)  # its value is redacted from every file written and every line printed
         key = os.environ.get(self.api_key_env)

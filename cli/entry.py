@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from data_prep.errors import InputError, RunStopped
+from cli.errors import InputError, RunStopped
 
 RESUMES = "interrupted; the same command resumes"
 # What the machine, not the input, did to a write: one line each, never a traceback.
@@ -95,7 +95,7 @@ def run_main(main, *args, interrupted: str = RESUMES) -> int:
 
 
 def _run_main(main, *args, interrupted: str = RESUMES) -> int:
-    from data_prep.secrets import guard_streams
+    from cli.secrets import guard_streams
 
     guard_streams()  # nothing printed (logs, tracebacks, this line) holds a key
     closed = _closed_stream()
@@ -103,7 +103,7 @@ def _run_main(main, *args, interrupted: str = RESUMES) -> int:
         _say(f"error: {closed} is closed; give the command somewhere to write it (a file, or /dev/null)")
         return 2
     try:
-        from data_prep.log import level_from_env
+        from cli.log import level_from_env
 
         level_from_env()  # a bad PRIVACY_ALIGN_VERBOSITY: one line before any work, whichever command it is
         status = main(*args) or 0

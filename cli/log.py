@@ -1,4 +1,4 @@
-"""Logging of the library modules (eval, train, losses, data_prep), on transformers' conventions.
+"""Logging of the library modules (eval, train, losses, data_prep, cli, store, vlm), on transformers' conventions.
 
 Each module logs to `logging.getLogger(__name__)`. `setup()` gives the four packages one stderr handler, at the
 level `PRIVACY_ALIGN_VERBOSITY` names (debug | info | warning | error, like `TRANSFORMERS_VERBOSITY`; default
@@ -14,7 +14,7 @@ import os
 import sys
 import warnings
 
-PACKAGES = ("eval", "train", "losses", "data_prep")
+PACKAGES = ("eval", "train", "losses", "data_prep", "cli", "store", "vlm")
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
           "critical": logging.CRITICAL}
 
@@ -39,7 +39,7 @@ class _Formatter(logging.Formatter):
 
 def level_from_env() -> int:
     """The level PRIVACY_ALIGN_VERBOSITY names; another value is bad input (every command checks it first)."""
-    from data_prep.errors import InputError
+    from cli.errors import InputError
 
     name = os.environ.get("PRIVACY_ALIGN_VERBOSITY", "info")
     if name.strip().lower() not in LEVELS:
@@ -49,8 +49,8 @@ def level_from_env() -> int:
 
 def setup(level: int | None = None) -> None:
     """Our packages' loggers at `level` (default: from the environment), with one stderr handler; idempotent.
-    stdout and stderr redact every secret the process knows from now on (data_prep.secrets)."""
-    from data_prep import secrets
+    stdout and stderr redact every secret the process knows from now on (cli.secrets)."""
+    from cli import secrets
 
     secrets.guard_streams()
     level = level_from_env() if level is None or level < 0 else level

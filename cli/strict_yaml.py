@@ -10,7 +10,7 @@ expanded tree holds more than `MAX_NODES` nodes ("billion laughs") is refused be
 walks a nested schema so every level is strict, in its keys and in its types: a dict of key -> sub-schema wants a
 mapping, `[sub]` a list (never a scalar, which code would iterate character by character), a type or a tuple of
 types a value of one of them (`bool` wants true or false, never the text "no", which is truthy), `ANY` anything
-(a number is checked by data_prep/numbers.py, with its range).
+(a number is checked by cli/numbers.py, with its range).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 import yaml
 
-from data_prep.errors import InputError, read_text
+from cli.errors import InputError, read_text
 
 MAX_NODES = 200_000  # far above any real config (the default category file: 1,099 nodes, strict_yaml.expanded_size)
 ANY = None  # a schema leaf: any value, checked elsewhere

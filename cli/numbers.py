@@ -17,7 +17,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from data_prep.errors import InputError
+from cli.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ FRACTION = real(0, 1)
 
 # Option name (with `_`, as argparse stores it) -> its range, wherever the option is given.
 RULES: dict[str, Rule] = {
-    # requests to endpoints (data_prep/chat_client.py and every command that makes one)
+    # requests to endpoints (vlm/chat_client.py and every command that makes one)
     "timeout": POSITIVE, "backoff": NON_NEGATIVE, "max_backoff": NON_NEGATIVE, "temperature": real(0, 2),
     "concurrency": whole(1), "max_retries": whole(0), "retries": whole(0), "max_tokens": whole(1),
     "max_connection_failures": whole(1),
@@ -122,7 +122,7 @@ def option(name: str):
     """The argparse type of the option `name` (its rule in RULES)."""
     rule = rule_for(name)
     if rule is None:
-        raise KeyError(f"no range for {name!r} in data_prep.numbers.RULES")
+        raise KeyError(f"no range for {name!r} in cli.numbers.RULES")
     return _argparse_type(rule, "whole number" if rule.whole else "number")
 
 
