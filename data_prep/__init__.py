@@ -1,1 +1,3 @@
-"""From released files to training and evaluation datasets."""
+"""From released files to training and evaluation datasets: SPY's shared rules (spy), the category file
+(categories), SPY-Tune (spy_tune) and SPY-Bench (spy_bench), the offline synthetic data (synthetic) and the data
+generator (generate). Imports cli, store and vlm."""

@@ -76,8 +76,9 @@ def test_a_wandb_recipe_without_wandb_says_which_extra(monkeypatch):
 
 
 def test_the_ground_floor_imports_neither_eval_nor_train():
-    """data_prep and losses sit below eval and train (README, Repository layout): the data generator shares the
-    run files and the chat client with eval by importing them from data_prep, never the other way round."""
+    """data_prep, losses and the rooms below them sit below eval and train (docs/development.md, Repository layout):
+    the data generator shares the run files and the chat client with eval by importing them from store and vlm,
+    never the other way round."""
     import ast
 
     for folder in ("data_prep", "losses", "cli", "store", "vlm"):
@@ -87,3 +88,40 @@ def test_the_ground_floor_imports_neither_eval_nor_train():
                          else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
                 for name in names:
                     assert name.split(".")[0] not in ("eval", "train"), f"{path}: imports {name}"
+
+
+# docs/development.md, "The rooms and what each may import": each package and the packages of ours it may import
+MAY_IMPORT = {
+    "cli": set(),
+    "store": {"cli"},
+    "vlm": {"cli"},
+    "data_prep": {"cli", "store", "vlm"},
+    "losses": {"cli", "vlm"},
+    "eval": {"cli", "store", "vlm", "data_prep"},
+    "train": {"cli", "store", "vlm", "data_prep", "losses", "eval"},
+    "launch": set(),
+}
+
+
+def test_every_package_imports_only_the_rooms_below_it():
+    """No circle between packages and no import running back up, lazy imports and imports in strings of code
+    included (a room that runs `python -c "import X"` or names a module to import_module depends on X too)."""
+    import ast
+
+    ours = set(MAY_IMPORT) | {"benchmarks"}
+    assert {p.parent.name for p in ROOT.glob("*/__init__.py")} <= ours, "a package missing from MAY_IMPORT"
+    wrong = []
+    for package, allowed in MAY_IMPORT.items():
+        for path in (ROOT / package).rglob("*.py"):
+            text = path.read_text()
+            names = {alias.name for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Import)
+                     for alias in node.names}
+            names |= {node.module for node in ast.walk(ast.parse(text))
+                      if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+            names |= set(re.findall(r"\b(?:from|import)\s+([a-z_]+)[.\s]", text))
+            names |= set(re.findall(r"import_module\(\s*[\"']([a-z_]+)", text))
+            for name in names:
+                top = name.split(".")[0]
+                if top in ours and top != package and top not in allowed:
+                    wrong.append(f"{path.relative_to(ROOT)}: imports {name}")
+    assert not wrong, "\n".join(sorted(wrong))
