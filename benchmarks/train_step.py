@@ -296,7 +296,7 @@ def make_grpo_trainer(stock: bool, model_dir, data_dir, out_dir, lora):
 
     from data_prep.spy_tune import build_dataset
     from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer
-    from losses.rewards import JudgeSettings, VerdictJudge, make_reward_funcs
+    from train.rewards import JudgeSettings, VerdictJudge, make_reward_funcs
 
     dataset = build_dataset("grpo", data_dir / "train_data.json", data_dir, add_distractors=True, seed=0,
                             num_samples=GRPO_PROMPTS)

@@ -98,6 +98,12 @@ def scenario_pools(seed: int, categories=None) -> dict[str, tuple[list[str], lis
     return pools
 
 
+def normalize_answer(text: str | None) -> str:
+    """The form in which a general-task answer is compared by exact match: lower-cased, surrounding spaces and a
+    final full stop removed (eval/general/synthetic.py scores with it, GRPO's helpfulness reward too)."""
+    return (text or "").strip().lower().rstrip(".").strip()
+
+
 def draw_image(rng: random.Random, colour: str, size: int) -> Image.Image:
     image = Image.new("RGB", (size, size), COLOURS[colour])
     draw = ImageDraw.Draw(image)

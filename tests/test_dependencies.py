@@ -96,7 +96,7 @@ MAY_IMPORT = {
     "store": {"cli"},
     "vlm": {"cli"},
     "data_prep": {"cli", "store", "vlm"},
-    "losses": {"cli", "vlm"},
+    "losses": {"cli", "vlm", "data_prep"},
     "eval": {"cli", "store", "vlm", "data_prep"},
     "train": {"cli", "store", "vlm", "data_prep", "losses", "eval"},
     "launch": set(),

@@ -1,4 +1,4 @@
-"""GRPO (train/grpo.py, losses/grpo_trainer.py, losses/grpo_packing.py, losses/rewards.py) on the tiny models, CPU:
+"""GRPO (train/grpo.py, losses/grpo_trainer.py, losses/grpo_packing.py, losses/rewards.py, train/rewards.py) on the tiny models, CPU:
 
 - tree-packed groups change nothing but the work (float32, 1e-5), on every Qwen family, full and LoRA: the
   policy's per-token log-probabilities and entropies, the reference's and the old policy's (num_iterations 2), the
@@ -26,7 +26,8 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from data_prep.spy_tune import build_dataset
 from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer
-from losses.rewards import JudgeSettings, VerdictJudge, answer_match, compliance, helpfulness_score, make_reward_funcs
+from losses.rewards import answer_match, compliance, helpfulness_score
+from train.rewards import JudgeSettings, VerdictJudge, make_reward_funcs
 from train.tiny_model import FAMILIES
 from vlm.families import supports_packing
 

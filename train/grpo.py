@@ -19,7 +19,7 @@ from trl import ModelConfig, get_peft_config  # noqa: E402
 
 from cli.strict_yaml import did_you_mean  # noqa: E402
 from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer  # noqa: E402
-from losses.rewards import REWARD_NAMES, JudgeSettings, VerdictJudge, make_reward_funcs  # noqa: E402
+from losses.rewards import REWARD_NAMES  # noqa: E402
 from train.card import attach, finish  # noqa: E402
 from train.common import (  # noqa: E402
     SpyTuneArguments,
@@ -31,6 +31,7 @@ from train.common import (  # noqa: E402
     resume_checkpoint,
     run,
 )
+from train.rewards import JudgeSettings, VerdictJudge, make_reward_funcs  # noqa: E402
 
 
 def check_grpo(script_args, args: VisionGRPOConfig) -> None:

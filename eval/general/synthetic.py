@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cli.errors import InputError, read_json
 from cli.paths import inside
+from data_prep.synthetic import normalize_answer
 from store.runs import write_json
 
 
@@ -25,12 +26,8 @@ def load(path, limit: int | None = None) -> list[dict]:
     return items[:limit] if limit else items
 
 
-def normalize(text: str | None) -> str:
-    return (text or "").strip().lower().rstrip(".").strip()
-
-
 def score(records: list[dict]) -> dict:
-    correct = sum(normalize(r.get("response")) == normalize(r["answer"]) for r in records)
+    correct = sum(normalize_answer(r.get("response")) == normalize_answer(r["answer"]) for r in records)
     return {"accuracy": 100 * correct / len(records) if records else None, "n": len(records), "correct": correct}
 
 
@@ -45,8 +42,8 @@ def breakdown(records: list[dict]) -> dict:
 
     counts = dict.fromkeys(ANSWER_KINDS, 0)
     for r in records:
-        answer = normalize(r.get("response"))
-        if answer == normalize(r["answer"]):
+        answer = normalize_answer(r.get("response"))
+        if answer == normalize_answer(r["answer"]):
             counts["correct"] += 1
         elif answer and rule_verdict(answer) == "reject":
             counts["refusal"] += 1
