@@ -37,6 +37,7 @@ import functools
 import logging
 import types
 import warnings
+import weakref
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -318,8 +319,11 @@ class PackedAttention:
         return "sdpa" if device_type == "cpu" and gradient else "flex"  # torch has no flex backward on CPU
 
     def mask(self, kind: str, segments: torch.Tensor, ancestors: torch.Tensor):
-        if self._key is not segments:
-            self._key, self._masks = segments, {}
+        # Held only while the batch is: a mask is T x T booleans (256 MB at 16k tokens), and keeping the last
+        # batch's until the next one is built would double the peak and outlive the reference precompute.
+        if self._key is None or self._key() is not segments:
+            self._masks = {}
+            self._key = weakref.ref(segments, lambda _, masks=self._masks: masks.clear())
         if kind not in self._masks:
             self._masks[kind] = (tree_block_mask if kind == "flex" else tree_attention_mask)(segments, ancestors)
         return self._masks[kind]

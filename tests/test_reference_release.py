@@ -24,11 +24,14 @@ def live_models() -> list:
 
 
 def live_tensor_bytes() -> int:
-    """Bytes of every distinct storage held by a live tensor (parameters included)."""
+    """Bytes of every distinct storage held by a live tensor (parameters included). Fake tensors hold no memory:
+    torch.compile's caches can keep some alive after an earlier test's compiled call."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
     gc.collect()
     seen, total = set(), 0
     for obj in gc.get_objects():
-        if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu":
+        if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu" and not isinstance(obj, FakeTensor):
             storage = obj.untyped_storage()
             if storage.data_ptr() not in seen:
                 seen.add(storage.data_ptr())
