@@ -177,7 +177,7 @@ def test_run_headers_record_the_category_file(tmp_path, custom_dir, custom_file)
 
 
 def test_suite_config_resolves_and_checks_categories(tmp_path, custom_dir):
-    from eval.suite import load_config
+    from eval.suite_config import load_config
 
     config = tmp_path / "suite.yaml"
     config.write_text("sections:\n  spy: {items: questions.json, images: ., categories: categories.yaml}\n")

@@ -19,7 +19,8 @@ from chat_server import ChatServer, Flaky, Reply, image_urls, last_user_text
 
 from data_prep import spy_bench, spy_tune
 from data_prep.categories import parse
-from data_prep.generate import NUDGE, main
+from data_prep.generate import main
+from data_prep.generate_prompts import NUDGE
 from data_prep.synthetic import COLOURS, draw_image
 from vlm.chat_client import image_data_url
 

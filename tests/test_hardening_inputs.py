@@ -65,7 +65,7 @@ def suite_refused(folder, text, *needles, env=None):
 
 
 def load_suite(folder, text):
-    from eval.suite import load_config
+    from eval.suite_config import load_config
 
     return load_config(write_suite(folder, text), root=str(folder))
 
@@ -96,7 +96,7 @@ def test_suite_unknown_backend_option_is_refused(suite_dir):
 def test_suite_openai_backend_options_include_the_client_options(suite_dir):
     (suite_dir / "suite.yaml").write_text("name: t\nbackend: openai\nbackend_options: {max_retries: 2, backoff: 0.5}\n"
                                           + SPY)
-    from eval.suite import load_config
+    from eval.suite_config import load_config
 
     assert load_config(suite_dir / "suite.yaml", root=str(suite_dir))["backend_options"]["backoff"] == 0.5
 
@@ -598,7 +598,7 @@ def _wrong_values(schema):
 
 
 def _suite_type_cases():
-    from eval.suite import SECTION_KEYS
+    from eval.suite_config import SECTION_KEYS
 
     return [(section, key, value, said) for section, keys in SECTION_KEYS.items() for key, schema in keys.items()
             for value, said in _wrong_values(schema)]

@@ -732,7 +732,7 @@ def test_an_unavailable_geocoder_stops_at_once_with_one_line(work):
 
 
 def test_a_reply_nested_thousands_deep_is_malformed_not_a_crash():
-    from data_prep.generate import Malformed, parse_json
+    from data_prep.generate_prompts import Malformed, parse_json
 
     with pytest.raises(Malformed, match="nested too deeply"):
         parse_json('{"question": ' + "[" * 100_000 + "]" * 100_000 + "}")

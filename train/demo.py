@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     checkpoints = {"base": model_dir, "sft": out / "sft", "nca_p": out / "nca_p"}
     results = {stage: evaluate(stage, checkpoints[stage], out, args, log) for stage in STAGES}
     from eval.compare import compare
-    from eval.suite import load_config
+    from eval.suite_config import load_config
     from eval.view.records import suite_inputs
 
     # the demo's suites share one config: the viewer is told its inputs (not trusting results.json's, which lie
