@@ -229,23 +229,16 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
         if not Path(script_args.categories).is_file():
             fail("categories", f"category file not found: {script_args.categories}")
         load_categories(script_args.categories)  # a bad file: InputError naming its line and field
-    if model_args.use_peft and not model_args.lora_target_modules:
-        _default_lora_targets(model_args, training_args, fail)
     check_peft(model_args, training_args, fail)
     _check_paths(script_args, training_args, model_args, fail)
 
 
-def _default_lora_targets(model_args, training_args, fail) -> None:
+def _default_lora_targets(model_args, model_type: str, fail) -> None:
     """`--use_peft true` without `lora_target_modules`: the family's default targets (vlm/families.py), said
     once; a family without one is refused here, before the data and the model load (PEFT would stop later with a
     traceback)."""
-    from vlm.families import default_lora_targets, model_type_of
+    from vlm.families import default_lora_targets
 
-    try:
-        model_type = model_type_of(model_args.model_name_or_path, revision=model_args.model_revision,
-                                   trust_remote_code=training_args.trust_remote_code)
-    except (OSError, ValueError):  # no such model: said by the path checks and the loader, with their own line
-        return
     targets = default_lora_targets(model_type)
     if targets is None:
         fail("lora_target_modules", f"use_peft needs it for {model_type} (no default for this family): name the "
@@ -324,11 +317,6 @@ def check_peft(model_args, training_args, fail) -> None:
     allocated), before anything loads: a target that matches no module, or one PEFT cannot adapt, is one line."""
     if not model_args.use_peft:
         return
-    targets = model_args.lora_target_modules
-    if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
-        # TRL's ModelConfig turns a one-item list into its item, which PEFT reads as a regular expression of the
-        # whole module path: `--lora_target_modules q_proj` would match nothing. A plain name stays a name.
-        model_args.lora_target_modules = [targets]
     import torch
     from peft import inject_adapter_in_model
     from transformers import AutoConfig, AutoModelForImageTextToText
@@ -338,6 +326,16 @@ def check_peft(model_args, training_args, fail) -> None:
     try:
         config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
                                             trust_remote_code=trust)
+    except (OSError, ValueError, KeyError):
+        return  # no such model: said by the path checks and the loader, with their own line
+    if not model_args.lora_target_modules:
+        _default_lora_targets(model_args, config.model_type, fail)
+    targets = model_args.lora_target_modules
+    if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
+        # TRL's ModelConfig turns a one-item list into its item, which PEFT reads as a regular expression of the
+        # whole module path: `--lora_target_modules q_proj` would match nothing. A plain name stays a name.
+        model_args.lora_target_modules = [targets]
+    try:
         with torch.device("meta"):
             skeleton = AutoModelForImageTextToText.from_config(config, trust_remote_code=trust)
     except (OSError, ValueError, KeyError):
