@@ -102,6 +102,9 @@ def test_nca_p_with_lora_tracked_in_wandb(tiny_model_dir, synthetic_dir, tmp_pat
     assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)  # B starts at zero: it trained
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
+    # finished by the script (train/card.py), not left to wandb's exit hooks, whose teardown can cut the writer
+    # off before it flushes: the run file then holds only its header
+    assert "finishing run" in (runs[0] / "logs" / "debug.log").read_text()
     logged = b"".join(p.read_bytes() for p in runs[0].rglob("*.wandb"))
     assert b"rewards/accuracies_private" in logged
     # the run config holds the script and model arguments (data, distractors, LoRA), the method is a tag

@@ -314,6 +314,18 @@ def finish(trainer, method: str, script_args, training_args, model_args) -> None
           f"(main process of {trainer.accelerator.num_processes})", flush=True)
     if publish_wanted:
         publish(training_args.output_dir, training_args.hub_model_id, training_args.hub_private_repo)
+    finish_wandb_run()
+
+
+def finish_wandb_run() -> None:
+    """Close the W&B run the Trainer's WandbCallback started, before the process exits.
+
+    Left to wandb's exit hooks, the service is torn down with the run still open: no exit record, and its
+    writer can be cut off before it flushes (an offline run file holding only its 7-byte header, seen in CI
+    under load), so a run that trained would show nothing."""
+    wandb = sys.modules.get("wandb")  # imported by the WandbCallback only when the run reports there
+    if wandb is not None and wandb.run is not None:
+        wandb.run.finish()
 
 
 def packed_attention_ran(model) -> dict | None:
