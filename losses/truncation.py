@@ -7,7 +7,9 @@ collators tokenize them (TRL's own chat-template step; the images' token counts 
 data_prep/prompt_tokens.py, without decoding them), and:
 
 - rows that lose answer tokens are counted and said once, in one warning with the numbers;
-- a dataset in which no row keeps an answer token is refused (InputError: one line, exit 2).
+- a dataset in which no row keeps an answer token is refused (InputError: one line, exit 2);
+- a training batch that keeps no answer token stops the run (RunStopped: one line, exit 1) before its step: where
+  only some rows keep nothing, the sampler can still draw a batch of them alone.
 
 Packed and unpacked batches truncate alike (packing takes the collated, already cut rows), so one check holds
 for both.
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cli.errors import InputError
+from cli.errors import InputError, RunStopped
 
 
 @dataclass
@@ -117,3 +119,12 @@ def check_truncation(dataset, processor, max_length: int | None, pairs=lambda ex
     if found.cut and warn is not None:
         warn(found.warning(max_length))
     return found
+
+
+def refuse_an_empty_batch(kept, max_length: int | None, step: int) -> None:
+    """RunStopped when `max_length` left no answer token in a training batch (`kept`: its answer-token mask): the
+    step's loss would be a constant and its gradient zero, a step that trains on nothing."""
+    if not bool(kept.any()):
+        raise RunStopped(f"training step {step + 1}: max_length {max_length} leaves no answer token in this batch "
+                         "(the warning before training counted the rows it empties), so the step would train on "
+                         "nothing; raise max_length")

@@ -50,7 +50,7 @@ from losses.packing import (
     packed_attention_field,
 )
 from losses.shared_vision import enable_shared_vision, share_images
-from losses.truncation import check_truncation
+from losses.truncation import check_truncation, refuse_an_empty_batch
 from vlm.families import supports_packing, supports_shared_vision
 
 logger = logging.get_logger(__name__)
@@ -185,6 +185,8 @@ class VisionDPOTrainer(HubFormatResumeMixin, DPOTrainer):
             raise RunStopped("a training batch holds a row whose reference log-probabilities were not precomputed "
                              "(the sampler read rows other than those rows_read predicted); run again with "
                              "--precompute_ref_log_probs false")
+        if model.training:
+            refuse_an_empty_batch(inputs["completion_mask"], self.args.max_length, self.state.global_step)
         return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                     num_items_in_batch=num_items_in_batch)
 

@@ -15,7 +15,7 @@ import math
 import pytest
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from cli.errors import InputError
+from cli.errors import InputError, RunStopped
 from data_prep.spy_tune import build_dataset
 from losses.nca_p_trainer import NCAPCollator, NCAPConfig, NCAPTrainer
 from losses.truncation import check_truncation, measure, token_counts
@@ -123,6 +123,25 @@ def test_a_cutting_max_length_is_said_once_with_the_numbers(kind, tiny_model_dir
         preference_trainer(kind, tiny_model_dir, synthetic_dir, tmp_path / "out", max_length=max(p for p, _ in row) + 1)
     said = [r.getMessage() for r in caplog.records if "cuts answer tokens" in r.getMessage()]
     assert len(said) == 1 and "of 6 training rows" in said[0]
+
+
+@pytest.mark.parametrize("kind", ["dpo", "nca_p"])
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "unpacked"])
+def test_a_batch_that_keeps_no_answer_stops_the_run(kind, packed, tiny_model_dir, synthetic_dir, tmp_path):
+    """Some rows keep answer tokens, others none: the dataset passes, and with one row per batch an epoch draws one of
+    the others, whose step stops the run with one line instead of training on nothing (loss log 2, zero gradient)."""
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    collator = collator_of("nca_p" if kind == "nca_p" else "dpo", processor)
+    dataset = dataset_of("nca_p" if kind == "nca_p" else "dpo", synthetic_dir, distractors=False)
+    shortest = sorted(min(p for p, _ in row) for row in token_counts(dataset, processor, pairs_of(collator)))
+    max_length = shortest[len(shortest) // 2]  # rows whose every prompt reaches it keep nothing
+    found = measure(dataset, processor, max_length, pairs_of(collator))
+    assert 0 < found.nothing < found.rows
+    trainer = preference_trainer(kind, tiny_model_dir, synthetic_dir, tmp_path / "out", max_length=max_length,
+                                 packed=packed, per_device_train_batch_size=1, max_steps=found.rows)
+    with pytest.raises(RunStopped, match=f"max_length {max_length} leaves no answer token in this batch"):
+        trainer.train()
+    assert trainer.state.global_step < found.rows
 
 
 # ---------------------------------------------------------------------------------------- the reference precompute

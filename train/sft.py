@@ -19,7 +19,7 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config  # noqa: E40
 
 from losses.checkpointing import HubFormatResumeMixin  # noqa: E402
 from losses.packing import PaddingFreeCollator, enable_packing  # noqa: E402
-from losses.truncation import check_truncation  # noqa: E402
+from losses.truncation import check_truncation, refuse_an_empty_batch  # noqa: E402
 from train.card import attach, finish  # noqa: E402
 from train.common import (  # noqa: E402
     SpyTuneArguments,
@@ -49,6 +49,11 @@ class SpySFTTrainer(HubFormatResumeMixin, SFTTrainer):
             args.padding_free = True
             self.data_collator = PaddingFreeCollator(self.data_collator)
             enable_packing(self.model)  # after TRL's fused head, which it wraps
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if model.training:  # the first label is never predicted (TRL shifts it away)
+            refuse_an_empty_batch(inputs["labels"][:, 1:] != -100, self.args.max_length, self.state.global_step)
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
 
 def main():
