@@ -144,6 +144,28 @@ def test_a_batch_that_keeps_no_answer_stops_the_run(kind, packed, tiny_model_dir
     assert trainer.state.global_step < found.rows
 
 
+@pytest.mark.parametrize("padding_free", [True, False], ids=["packed", "unpacked"])
+def test_an_sft_batch_that_keeps_no_answer_stops_the_run(padding_free, tiny_model_dir, synthetic_dir, tmp_path):
+    from trl import SFTConfig
+
+    from train.sft import SpySFTTrainer
+
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    dataset = dataset_of("sft", synthetic_dir, distractors=False)
+    shortest = sorted(min(p for p, _ in row) for row in token_counts(dataset, processor))
+    max_length = shortest[len(shortest) // 2]
+    found = measure(dataset, processor, max_length)
+    assert 0 < found.nothing < found.rows
+    args = SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none", seed=11,
+                     max_length=max_length, padding_free=padding_free, per_device_train_batch_size=1,
+                     max_steps=found.rows, save_strategy="no", activation_checkpointing=False, learning_rate=1e-3)
+    trainer = SpySFTTrainer(model=AutoModelForImageTextToText.from_pretrained(tiny_model_dir), args=args,
+                            train_dataset=dataset, processing_class=processor)
+    with pytest.raises(RunStopped, match=f"max_length {max_length} leaves no answer token in this batch"):
+        trainer.train()
+    assert trainer.state.global_step < found.rows
+
+
 # ---------------------------------------------------------------------------------------- the reference precompute
 @pytest.mark.parametrize("kind", ["dpo", "nca_p"])
 def test_a_max_steps_run_precomputes_only_the_rows_it_reads(kind, tiny_model_dir, synthetic_dir, tmp_path):
