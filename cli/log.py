@@ -1,6 +1,6 @@
 """Logging of the library modules (eval, train, losses, data_prep, cli, store, vlm), on transformers' conventions.
 
-Each module logs to `logging.getLogger(__name__)`. `setup()` gives the four packages one stderr handler, at the
+Each module logs to `logging.getLogger(__name__)`. `setup()` gives these packages one stderr handler, at the
 level `PRIVACY_ALIGN_VERBOSITY` names (debug | info | warning | error, like `TRANSFORMERS_VERBOSITY`; default
 info), or at a training recipe's `log_level` / `log_level_replica` (the trainers pass
 `TrainingArguments.get_process_log_level()`, as TRL's scripts do). Warnings print as `warning: ...`, info as the

@@ -300,12 +300,12 @@ class VLLMGenerator(Generator):
         """Refuse a max_model_len shorter than every prompt before the engine starts (each sample would fail, and
         a retry with it again); warn, with the count, when some prompts are longer (those fail whatever is retried).
         The lengths are the prompts' text tokens plus their images' tokens, from the images' sizes
-        (data_prep/prompt_tokens.py), a lower bound of what vLLM counts."""
+        (vlm/prompt_tokens.py), a lower bound of what vLLM counts."""
         if not requests or self.max_model_len is None:
             return
         from transformers import AutoProcessor
 
-        from data_prep.prompt_tokens import ImageTokens, image_size, text_tokens
+        from vlm.prompt_tokens import ImageTokens, image_size, text_tokens
 
         model = self._engine_args["model"]
         processor = AutoProcessor.from_pretrained(model, trust_remote_code=self._engine_args["trust_remote_code"],

@@ -4,7 +4,7 @@ TRL's vision collators put each sequence's prompt (its image tokens included) fi
 `max_length`: a short `max_length` cuts answers in half or away entirely, and a step whose answers are all gone
 trains on nothing (DPO's loss stays log 2 with a zero gradient), silently. Here the rows are tokenized as the
 collators tokenize them (TRL's own chat-template step; the images' token counts from their sizes, by
-data_prep/prompt_tokens.py, without decoding them), and:
+vlm/prompt_tokens.py, without decoding them), and:
 
 - rows that lose answer tokens are counted and said once, in one warning with the numbers;
 - a dataset in which no row keeps an answer token is refused (InputError: one line, exit 2);
@@ -64,7 +64,7 @@ def token_counts(dataset, processor, pairs=lambda example: [example]):
     does not know)."""
     from datasets import Image, List
 
-    from data_prep.prompt_tokens import ImageTokens, image_size, text_tokens
+    from vlm.prompt_tokens import ImageTokens, image_size, text_tokens
 
     columns = set(dataset.column_names)
     if not ({"prompt", "completion"} <= columns or {"chosen", "rejected"} <= columns

@@ -103,6 +103,18 @@ MAY_IMPORT = {
 }
 
 
+def test_the_development_page_states_these_rooms():
+    """docs/development.md's table of the rooms says the same as MAY_IMPORT: one row per package, its imports."""
+    page = (ROOT / "docs" / "development.md").read_text()
+    table = page.split("### The rooms and what each may import", 1)[1].split("\n\n")[1:3]
+    rows = [line.split("|")[1:-1] for line in "\n".join(table).splitlines() if line.startswith("| `")]
+    stated = {}
+    for package, _holds, imports in rows:
+        stated[package.strip().strip("`/")] = set(re.findall(r"`([a-z_]+)`", imports))
+    assert stated.pop("benchmarks") == set()  # "anything"
+    assert stated == MAY_IMPORT
+
+
 def test_every_package_imports_only_the_rooms_below_it():
     """No circle between packages and no import running back up, lazy imports and imports in strings of code
     included (a room that runs `python -c "import X"` or names a module to import_module depends on X too)."""
