@@ -35,7 +35,7 @@ class CudaLooking(torch.Tensor):
         return torch.device("cuda")
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", PACKING)
 def test_the_default_on_cuda_runs_its_first_packed_step(family, tiny_family_dir, synthetic_dir, tmp_path):
     """Before: `Qwen2VLTextModel does not support an attention implementation through torch's flex_attention`."""
     trainer, dataset = trainer_for("dpo", family, tiny_family_dir, synthetic_dir, tmp_path)
@@ -71,7 +71,11 @@ def test_flex_equals_sdpa_and_unpacked_without_gradient(family, tiny_family_dir,
     assert reference.tolist() == pytest.approx(plain_reference.tolist(), rel=1e-6, abs=TOL)
 
 
-@pytest.mark.parametrize("kind,family", [("nca_p", "qwen2_5_vl"), ("dpo", "qwen3_vl")])
+# every packing family, DPO and NCA-P alternating (one trainer pair each: a precompute, an evaluation, a step)
+PRECOMPUTED = [(("dpo", "nca_p")[i % 2], family) for i, family in enumerate(PACKING)]
+
+
+@pytest.mark.parametrize("kind,family", PRECOMPUTED, ids=[f"{k}-{f}" for k, f in PRECOMPUTED])
 def test_flex_precomputed_reference_and_evaluation(kind, family, tiny_family_dir, synthetic_dir, tmp_path):
     flex, dataset = trainer_for(kind, family, tiny_family_dir, synthetic_dir, tmp_path / "flex",
                                 packed_attention="flex", precompute_ref_log_probs=True)
