@@ -94,6 +94,33 @@ def test_flex_precomputed_reference_and_evaluation(kind, family, tiny_family_dir
     assert metrics["eval_loss"] == pytest.approx(loss.item(), abs=TOL)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_a_batch_builds_its_mask_once_for_policy_and_reference(attention, tiny_family_dir, synthetic_dir, tmp_path,
+                                                               monkeypatch):
+    """A DPO step with a live reference model: the policy's and the reference's packed passes take one mask, built
+    once per batch (sdpa: a training step, both passes on the dense mask; flex: the step without gradient, as in
+    evaluation, both passes on the block mask)."""
+    trainer, dataset = trainer_for("dpo", "qwen2_vl", tiny_family_dir, synthetic_dir, tmp_path,
+                                   packed_attention=attention)
+    assert trainer.ref_model is not None and trainer.ref_model is not trainer.model
+    perturb(trainer.model)
+    builds, uses = [], []
+    for name in ("tree_attention_mask", "tree_block_mask"):
+        monkeypatch.setattr(packing, name, lambda *a, build=getattr(packing, name), name=name: builds.append(name)
+                            or build(*a))
+    share = trainer.packed_attention.mask
+    monkeypatch.setattr(trainer.packed_attention, "mask", lambda *a: uses.append(a[0]) or share(*a))
+    batches = [trainer.data_collator([dict(dataset[i]) for i in (2 * b, 2 * b + 1)]) for b in range(2)]
+    for batch in batches:
+        with torch.set_grad_enabled(attention == "sdpa"):
+            trainer.compute_loss(trainer.model, batch)
+    built = "tree_block_mask" if attention == "flex" else "tree_attention_mask"
+    assert uses == [attention] * 4  # two batches x (policy, reference)
+    assert builds == [built] * 2  # once per batch
+    assert trainer.packed_attention.ran == ({"no_gradient": FLEX} if attention == "flex" else
+                                            {"gradient": SDPA, "no_gradient": SDPA})
+
+
 def failing_flex(*args, **kwargs):
     raise RuntimeError("flex kernel failed to compile\nsecond line")
 
