@@ -23,10 +23,11 @@ its unpacked sequence, so the log-probabilities, the losses and the gradients ar
   function registered with transformers' `AttentionInterface` ("packed_tree"), which takes our block mask and hands
   every other mask to sdpa. The choice is made per pass: a pass without gradient (the precomputed reference,
   log-prob evaluation, a reference or old-policy pass) may run flex on CPU (eager); a gradient pass runs flex on
-  CUDA only (torch has no flex backward on CPU). `auto` runs flex only where it has run for the family
-  (`FLEX_RAN_ON`, vlm/families.py): nowhere yet, so sdpa. If flex raises on its first forward, `auto` warns
-  once and runs sdpa; `flex` set explicitly stops with one line. The masks are built once per batch and shared by
-  every model given the same `PackedAttention` (policy and reference); what ran is recorded for the card / W&B.
+  CUDA only (torch has no flex backward on CPU). `auto` runs flex only where it has run for the family (its
+  `flex_routes` in vlm/families.py, read by `flex_ran_on()`): nowhere yet, so sdpa. If flex raises on its first
+  forward, `auto` warns once and runs sdpa; `flex` set explicitly stops with one line. The masks are built once per
+  batch and shared by every model given the same `PackedAttention` (policy and reference); what ran is recorded for
+  the card / W&B.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 - tree-packed groups change nothing but the work (float32, 1e-5), on every Qwen family, full and LoRA: the
   policy's per-token log-probabilities and entropies, the reference's and the old policy's (num_iterations 2), the
   loss and every gradient, on a batch whose groups have prompts of different lengths (a SPY and a general prompt);
+- with `packed_attention: flex`, the reference's and the old policy's passes run flex_attention on CPU (every
+  packing family, Qwen3-VL-MoE included) and equal the sdpa tree mask's and the unpacked values within 1e-5;
 - a judge failure is a missing reward: left out of its group's mean and std (advantage 0), never a zero, counted,
   and the run stops with one line past `max_missing_reward_share` (a real local HTTP judge that fails on purpose);
 - the rewards' scores; bad reward names, weights and judge settings are one line (exit 2) before any model loads;
@@ -120,6 +122,56 @@ def test_packed_groups_equal_unpacked(family, lora, tiny_family_dir, grpo_data, 
     assert any(g.abs().max() > 0 for g in grads_u.values())
     for name in grads_u:
         torch.testing.assert_close(grads_p[name], grads_u[name], rtol=0, atol=TOL, msg=name)
+
+
+FLEX = "flex_attention (block mask)"
+FLEX_FAMILIES = [f for f in FAMILIES if supports_packing(f)]  # MoE too: these passes take no router loss
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FLEX_FAMILIES)
+def test_flex_reference_and_old_policy_passes(family, tiny_family_dir, grpo_data, tmp_path, monkeypatch):
+    """`packed_attention: flex`: GRPO's passes without gradient (the reference's, the old policy's with
+    num_iterations 2) run flex_attention through `packed_tree` on CPU, each on every layer, and give the per-token
+    log-probabilities of the sdpa tree mask and of the unpacked rows within 1e-5."""
+    from losses import packing
+
+    trainer, dataset = make_grpo_trainer(tiny_family_dir(family), grpo_data, tmp_path, num_iterations=2,
+                                         packed_attention="flex")
+    assert trainer.ref_model is not None  # full fine-tuning: the reference is its own model
+    perturb(trainer.model)
+    flex_calls, passes = [0], []
+
+    def counted_flex(*args, **kwargs):
+        flex_calls[0] += 1
+        return flex_attention(*args, **kwargs)
+
+    def recorded(model, *args, **kwargs):  # which model each log-prob pass ran, and its flex calls
+        before = flex_calls[0]
+        out = logps_pass(model, *args, **kwargs)
+        passes.append(("reference" if model is trainer.ref_model else "policy", flex_calls[0] - before))
+        return out
+
+    flex_attention, logps_pass = packing.flex_attention, trainer._get_per_token_logps_and_entropies
+    monkeypatch.setattr(packing, "flex_attention", counted_flex)
+    monkeypatch.setattr(trainer, "_get_per_token_logps_and_entropies", recorded)
+    rows = two_groups(dataset)
+    plain = scored(trainer, rows, False)
+    with trainer.packed_attention.only("sdpa"):
+        sdpa = scored(trainer, rows, True)
+    assert flex_calls[0] == 0 and trainer.packed_attention.ran == {"no_gradient": "sdpa (boolean tree mask)"}
+    passes.clear()
+    flex = scored(trainer, rows, True)
+    layers = trainer.model.config.get_text_config().num_hidden_layers
+    assert passes == [("policy", layers), ("reference", layers)]  # the old policy's pass, then the reference's
+    assert packing.attention_ran(trainer.model)["no_gradient"] == FLEX
+    assert packing.attention_ran(trainer.ref_model)["no_gradient"] == FLEX  # one record, shared
+    assert plain["completion_ids"].equal(flex["completion_ids"]) and sdpa["completion_ids"].equal(flex["completion_ids"])
+    for key in ("ref_per_token_logps", "old_per_token_logps"):
+        values = masked(flex[key], flex)
+        assert (values != 0).sum() > 20
+        for other in (sdpa, plain):
+            torch.testing.assert_close(values, masked(other[key], other), rtol=0, atol=TOL, msg=key)
 
 
 def test_rewards_score_what_spy_expects():

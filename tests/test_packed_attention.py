@@ -35,7 +35,7 @@ class CudaLooking(torch.Tensor):
         return torch.device("cuda")
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", PACKING)
 def test_the_default_on_cuda_runs_its_first_packed_step(family, tiny_family_dir, synthetic_dir, tmp_path):
     """Before: `Qwen2VLTextModel does not support an attention implementation through torch's flex_attention`."""
     trainer, dataset = trainer_for("dpo", family, tiny_family_dir, synthetic_dir, tmp_path)
@@ -71,7 +71,11 @@ def test_flex_equals_sdpa_and_unpacked_without_gradient(family, tiny_family_dir,
     assert reference.tolist() == pytest.approx(plain_reference.tolist(), rel=1e-6, abs=TOL)
 
 
-@pytest.mark.parametrize("kind,family", [("nca_p", "qwen2_5_vl"), ("dpo", "qwen3_vl")])
+# every packing family, DPO and NCA-P alternating (one trainer pair each: a precompute, an evaluation, a step)
+PRECOMPUTED = [(("dpo", "nca_p")[i % 2], family) for i, family in enumerate(PACKING)]
+
+
+@pytest.mark.parametrize("kind,family", PRECOMPUTED, ids=[f"{k}-{f}" for k, f in PRECOMPUTED])
 def test_flex_precomputed_reference_and_evaluation(kind, family, tiny_family_dir, synthetic_dir, tmp_path):
     flex, dataset = trainer_for(kind, family, tiny_family_dir, synthetic_dir, tmp_path / "flex",
                                 packed_attention="flex", precompute_ref_log_probs=True)
@@ -88,6 +92,33 @@ def test_flex_precomputed_reference_and_evaluation(kind, family, tiny_family_dir
     loss = flex.compute_loss(flex.model, flex.data_collator([dict(flex.train_dataset[i]) for i in range(4)]))
     assert flex.packed_attention.ran == {"no_gradient": FLEX, "gradient": SDPA}
     assert metrics["eval_loss"] == pytest.approx(loss.item(), abs=TOL)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_a_batch_builds_its_mask_once_for_policy_and_reference(attention, tiny_family_dir, synthetic_dir, tmp_path,
+                                                               monkeypatch):
+    """A DPO step with a live reference model: the policy's and the reference's packed passes take one mask, built
+    once per batch (sdpa: a training step, both passes on the dense mask; flex: the step without gradient, as in
+    evaluation, both passes on the block mask)."""
+    trainer, dataset = trainer_for("dpo", "qwen2_vl", tiny_family_dir, synthetic_dir, tmp_path,
+                                   packed_attention=attention)
+    assert trainer.ref_model is not None and trainer.ref_model is not trainer.model
+    perturb(trainer.model)
+    builds, uses = [], []
+    for name in ("tree_attention_mask", "tree_block_mask"):
+        monkeypatch.setattr(packing, name, lambda *a, build=getattr(packing, name), name=name: builds.append(name)
+                            or build(*a))
+    share = trainer.packed_attention.mask
+    monkeypatch.setattr(trainer.packed_attention, "mask", lambda *a: uses.append(a[0]) or share(*a))
+    batches = [trainer.data_collator([dict(dataset[i]) for i in (2 * b, 2 * b + 1)]) for b in range(2)]
+    for batch in batches:
+        with torch.set_grad_enabled(attention == "sdpa"):
+            trainer.compute_loss(trainer.model, batch)
+    built = "tree_block_mask" if attention == "flex" else "tree_attention_mask"
+    assert uses == [attention] * 4  # two batches x (policy, reference)
+    assert builds == [built] * 2  # once per batch
+    assert trainer.packed_attention.ran == ({"no_gradient": FLEX} if attention == "flex" else
+                                            {"gradient": SDPA, "no_gradient": SDPA})
 
 
 def failing_flex(*args, **kwargs):

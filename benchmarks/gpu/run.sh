@@ -4,8 +4,9 @@
 # 1. installs the wheels carried in .whl/ (`make gpu-wheels`) into a folder put first on PYTHONPATH, beside the
 #    machine's packages (its torch stays); without .whl/ it uses what is installed;
 # 2. prints the versions in use and where they come from;
-# 3. runs the correctness checks and the NCA-P throughput benchmark, results under $OUT (else benchmarks/results),
-#    the time budget counted from this script's start (BUDGET seconds, default 480: 8 of the 9 minutes of a call).
+# 3. runs the correctness checks and the throughput benchmark of NCA-P and DPO (nca_p_throughput.py's default
+#    --methods nca_p,dpo), results under $OUT (else benchmarks/results), the time budget counted from this
+#    script's start (BUDGET seconds, default 480: 8 of the 9 minutes of a call).
 set -euo pipefail
 START=$(date +%s)
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
