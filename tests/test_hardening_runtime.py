@@ -833,9 +833,23 @@ def test_nan_in_other_labels_is_refused_without_distractors_too(work):
      [":1: run_header.step: this file was made by 'spy generate'", "geo generate"]),
     ({"step": "geo generate", "model": "m", "setting": "mcq"}, [{"id": "101", "setting": "mcq", "response": "A"}],
      [":2: setting: 'mcq': geo judge labels free-form answers"]),
-], ids=["a-spy-run", "an-mcq-run"])
+    # without a header (a file cut from a run, the reference's, an older version's): every record is checked
+    (None, [{"id": "101", "response": "Paris."}, {"id": "00000003:p1", "label": "a25_nationality", "is_privacy": 1,
+                                                   "benchmark_id": "00000003", "response": "Mexican."}],
+     [":2: label: a SPY-Bench field: geo judge labels GeoPrivacy free-form answers"]),
+    (None, [{"id": "st_00000", "image_id": "st_00000", "response": '{"q1": {"choices": ["A"]}}'}],
+     [":1: image_id: a SpatialTrust field"]),
+    (None, [{"id": "yfcc-101", "response": "Paris."}, {"id": "s202", "response": "New York."},
+            {"id": "q17", "response": "Mexican."}],
+     [":3: id: 'q17' is not a GeoPrivacy image id"]),
+    (None, [{"id": "101", "setting": "mcq", "response": "Q7: A"}], [":1: setting: 'mcq'"]),
+], ids=["a-spy-run", "an-mcq-run", "a-spy-run-without-header", "a-spatialtrust-run-without-header",
+        "other-ids-without-header", "an-mcq-run-without-header"])
 def test_the_geo_judge_refuses_a_run_without_geoprivacy_free_form_answers(work, header, records, needles):
-    (work / "gen.jsonl").write_text(json.dumps({"run_header": header}) + "\n"
+    """Whether or not the file has a header (made_by): geo judge labels GeoPrivacy free-form answers only; a record
+    of another benchmark's run, another setting or another id form is one line naming the file, line and field,
+    before anything is sent."""
+    (work / "gen.jsonl").write_text(("" if header is None else json.dumps({"run_header": header}) + "\n")
                                     + "".join(json.dumps(r) + "\n" for r in records))
     before = snapshot(work)
     proc = run_module("eval", "geo", "judge", "gen.jsonl", "--judge-model", "j", "--base-url",
