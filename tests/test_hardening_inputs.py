@@ -736,6 +736,60 @@ def test_report_files_never_overwrite_a_users_file(tmp_path):
     claim_files(tmp_path, ["report.md"])  # a rerun
 
 
+def report_inputs(folder: Path) -> dict:
+    """Valid inputs of each command that writes named files into a folder that may hold others (claim_files):
+    command -> (argv before --out, the names it writes there)."""
+    from eval.spy.cli import metrics
+
+    judged = folder / "judged.jsonl"
+    write_jsonl(judged, [{"id": f"s{n}", "label": "a25_nationality", "question": "Q?", "response": "No.",
+                          "is_privacy": n % 2, "benchmark_id": str(n // 2), "eval_resp": "reject"} for n in range(4)])
+    metrics(judged, folder / "metrics.json")
+    row = {"benchmark": "SPY-Bench", "setting": "without_distractors", "metric": "HMS", "key": "hms", "value": 50.0,
+           "n": 4}
+    for name in ("a", "b"):
+        (folder / name).mkdir()
+        (folder / name / "results.json").write_text(json.dumps({"headline": [row], "settings": {}}))
+    lmms = folder / "lmms" / "results.json"
+    lmms.parent.mkdir()
+    lmms.write_text(json.dumps({"results": {
+        "mmmu_val": {"mmmu_acc,none": 0.51}, "mme": {"mme_perception_score,none": 1500.0,
+                                                     "mme_cognition_score,none": 600.0},
+        "ocrbench": {"ocrbench_accuracy,none": 0.84}}}))
+    return {
+        "spy-report": (["spy", "report", folder / "metrics.json"],
+                       ["spy_report.md", "spy_report.json", "spy_overall.png", "spy_by_label_accuracy.png"]),
+        "compare": (["compare", folder / "a", folder / "b", "--no-view"], ["compare.md", "compare.json", "compare.png"]),
+        "general-report": (["general", "report", "--general-dir", folder / "lmms"],
+                           ["general_report.md", "general_report.json", "general_report.png"]),
+    }
+
+
+@pytest.mark.parametrize("command, which", [("spy-report", 0), ("spy-report", 3), ("compare", 0), ("compare", 1),
+                                            ("general-report", 0), ("general-report", 2)])
+def test_report_commands_never_overwrite_a_users_file(tmp_path, command, which):
+    """`spy report`, `compare` and `general report` (each writes a few named files into --out, a folder that may
+    hold others): a file of one of those names that no command of ours wrote is refused with one line naming it,
+    exit 2, before any work, and stays byte for byte; moved away, the same command writes there (the inputs were
+    fine), and its own files are then replaced by a rerun."""
+    from eval.__main__ import main as eval_main
+
+    argv, names = report_inputs(tmp_path)[command]
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = out / names[which]
+    mine.write_bytes(b"my own \x00\xff notes")
+    (out / "notes.txt").write_text("beside them")
+    before = snapshot(tmp_path)
+    proc = run_module("eval", *argv, "--out", out, cwd=tmp_path, timeout=120)
+    assert_one_line(proc, str(mine), "not written by this project's commands", "choose another --out")
+    assert_unchanged(before, tmp_path)
+    mine.rename(tmp_path / "kept")
+    assert eval_main([*map(str, argv), "--out", str(out)]) == 0
+    assert all((out / name).is_file() for name in names) and (out / "notes.txt").read_text() == "beside them"
+    assert eval_main([*map(str, argv), "--out", str(out)]) == 0  # a rerun replaces what it wrote
+
+
 def test_geo_metrics_refuses_to_overwrite_a_users_metrics_md(tmp_path):
     from test_geo_pipeline import IMAGES
 

@@ -416,6 +416,53 @@ def test_a_refused_key_stops_a_judge(work):
     assert sent == 1
 
 
+# A section of each kind that calls the suite's LLM judge, and the run files its generation step keeps (what the
+# same command resumes from) beside the folder's marker and settings: nothing else may be written.
+JUDGED_SECTIONS = {
+    "spy": ("spy: {items: q.json, images: ., limit: 2, settings: [without_distractors]}",
+            ["spy/without_distractors/run.jsonl"]),
+    "spatialtrust": ("spatialtrust: {data: st/data.jsonl}",
+                     ["spatialtrust/one-pass/run.jsonl", "spatialtrust/one-pass/predictions.jsonl"]),
+    "geo": ("geo: {images: geo, labels: geo/labels.csv, settings: [free-form]}", ["geo/free-form/run.jsonl"]),
+}
+JUDGED_SUITE = """name: t
+backend: openai
+backend_options: {{base_url: "{model}"}}
+judge: {{model: j, base_url: "{judge}"}}
+sections:
+  {section}
+"""
+
+
+@pytest.mark.parametrize("section", JUDGED_SECTIONS)
+def test_a_refused_key_stops_the_suites_judge_with_one_line(work, section):
+    """`eval suite` whose judge endpoint answers 401 (its error text echoing the key): one line, exit 2, the
+    generation's run files kept for the rerun and nothing else written (no judged file, results or report)."""
+    from eval.spatialtrust import data as st_data
+
+    st_data.build_synthetic(work / "st", n_images=1)
+    (work / "geo").mkdir()
+    Image.new("RGB", (32, 24), "red").save(work / "geo" / "yfcc-101.jpg")
+    (work / "geo" / "labels.csv").write_text("id,Q1,Q2,Q3,Q4,Q5,Q6,Q7\n101,B,B,A,B,A,A,A\n")
+    answer = json.dumps({"q1": {"choices": ["B"]}, "q4": {"text": "a person", "boxes": []},
+                         "q5": {"text": "a door", "boxes": []}})  # every section's judge has something to judge
+    text, kept = JUDGED_SECTIONS[section]
+    with ChatServer(lambda request: answer) as model, ChatServer(echo_key(401)) as judge:
+        (work / "suite.yaml").write_text(JUDGED_SUITE.format(model=model.base_url, judge=judge.base_url,
+                                                             section=text))
+        before = snapshot(work)
+        proc = run_module("eval", "suite", "--config", "suite.yaml", "--model", "m", "--out", "res", cwd=work,
+                          env=QUIET, timeout=120)
+        asked = len(judge.requests)
+    assert_no_canary(work, proc.stdout, proc.stderr)
+    assert_one_line(without_progress(proc), "OPENAI_API_KEY", "HTTP 401", judge.base_url, status=2)
+    assert asked >= 1
+    after = snapshot(work)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert sorted(set(after) - set(before)) == sorted(["res/.privacy-align-output", "res/suite_settings.json",
+                                                       *(f"res/{path}" for path in kept)])
+
+
 def test_an_endpoint_that_dies_mid_run_stops_it_and_the_same_command_resumes(work):
     """The server is killed after 6 answers: the run stops with one line (exit 1) once 3 requests in a row found no
     server, instead of retrying each of the other ~94 to exhaustion; the answers are kept, and the same command,
@@ -786,9 +833,23 @@ def test_nan_in_other_labels_is_refused_without_distractors_too(work):
      [":1: run_header.step: this file was made by 'spy generate'", "geo generate"]),
     ({"step": "geo generate", "model": "m", "setting": "mcq"}, [{"id": "101", "setting": "mcq", "response": "A"}],
      [":2: setting: 'mcq': geo judge labels free-form answers"]),
-], ids=["a-spy-run", "an-mcq-run"])
+    # without a header (a file cut from a run, the reference's, an older version's): every record is checked
+    (None, [{"id": "101", "response": "Paris."}, {"id": "00000003:p1", "label": "a25_nationality", "is_privacy": 1,
+                                                   "benchmark_id": "00000003", "response": "Mexican."}],
+     [":2: label: a SPY-Bench field: geo judge labels GeoPrivacy free-form answers"]),
+    (None, [{"id": "st_00000", "image_id": "st_00000", "response": '{"q1": {"choices": ["A"]}}'}],
+     [":1: image_id: a SpatialTrust field"]),
+    (None, [{"id": "yfcc-101", "response": "Paris."}, {"id": "s202", "response": "New York."},
+            {"id": "q17", "response": "Mexican."}],
+     [":3: id: 'q17' is not a GeoPrivacy image id"]),
+    (None, [{"id": "101", "setting": "mcq", "response": "Q7: A"}], [":1: setting: 'mcq'"]),
+], ids=["a-spy-run", "an-mcq-run", "a-spy-run-without-header", "a-spatialtrust-run-without-header",
+        "other-ids-without-header", "an-mcq-run-without-header"])
 def test_the_geo_judge_refuses_a_run_without_geoprivacy_free_form_answers(work, header, records, needles):
-    (work / "gen.jsonl").write_text(json.dumps({"run_header": header}) + "\n"
+    """Whether or not the file has a header (made_by): geo judge labels GeoPrivacy free-form answers only; a record
+    of another benchmark's run, another setting or another id form is one line naming the file, line and field,
+    before anything is sent."""
+    (work / "gen.jsonl").write_text(("" if header is None else json.dumps({"run_header": header}) + "\n")
                                     + "".join(json.dumps(r) + "\n" for r in records))
     before = snapshot(work)
     proc = run_module("eval", "geo", "judge", "gen.jsonl", "--judge-model", "j", "--base-url",

@@ -1,8 +1,9 @@
 """The viewer against a crafted or careless input (issue 32, items 1-7), in Debian's Chromium like test_viewer.py:
 markup payloads in every field a run file carries, for every benchmark, leave the DOM free of injected elements and
 the location unchanged; box coordinates that are not numbers are refused when the site is built; a crafted
-results.json copies nothing from outside its folder; the site makes no request that leaves its folder with the
-network off; no machine path in the page; a malformed link, a lone surrogate, four 1 MB answers; duplicate ids
+results.json copies nothing from outside its folder (any section's roots), the roots a user names win over the
+recorded ones section by section, and a moved suite folder is viewed with them; the site makes no request that
+leaves its folder with the network off; no machine path in the page; a malformed link, a lone surrogate, four 1 MB answers; duplicate ids
 counted as `spy metrics` counts them; partial scores labelled as score changes; line numbers; a Hugging Face
 snapshot as the images folder; our own site recognised by its marker; the images folder carried by the headers."""
 
@@ -232,6 +233,149 @@ def test_a_crafted_results_json_copies_nothing_from_outside(synthetic_dir, tmp_p
     copied = {p.read_bytes() for p in (tmp_path / "view" / "img").iterdir()}
     assert copied and secret.read_bytes() not in copied  # the odd rows name the secret relative to synthetic_dir:
     # not found there (it is not inside), so shown without an image
+
+
+# A suite run through every section the viewer shows, its inputs beside its folder (not inside it), as users lay
+# them out: the model is a local endpoint, the judge the rule one.
+USER_SUITE = """name: roots
+backend: openai
+backend_options: {{base_url: "{url}", max_new_tokens: 8}}
+judge: rule
+sections:
+  spy: {{items: spy/questions.json, images: spy, limit: 2, settings: [without_distractors]}}
+  geo: {{images: geo, limit: 2, settings: [mcq]}}
+  spatialtrust: {{data: st/data.jsonl, modes: [one-pass]}}
+"""
+
+
+def recoloured_copy(source: Path, target: Path) -> Path:
+    """`source` copied to `target` with every image's colours inverted: the same layout, other bytes."""
+    from PIL import Image, ImageOps
+
+    shutil.copytree(source, target)
+    for path in target.rglob("*.png"):
+        with Image.open(path) as image:
+            ImageOps.invert(image.convert("RGB")).save(path)
+    return target
+
+
+def image_bytes(folder: Path) -> set[bytes]:
+    return {p.read_bytes() for p in folder.rglob("*.png")}
+
+
+def copied_images(view: Path) -> set[bytes]:
+    """The full-size copies in a site (the thumbnails are made anew; a small PNG is copied as it is)."""
+    return {p.read_bytes() for p in (view / "img").glob("*.png")} if (view / "img").is_dir() else set()
+
+
+@pytest.fixture(scope="module")
+def user_suite(synthetic_dir, tmp_path_factory):
+    """(suite folder, data folder): a real `eval suite` run (SPY-Bench, GeoPrivacy mcq, SpatialTrust) whose
+    results.json records its inputs relative to it; both then moved elsewhere, as a user copies results around."""
+    from chat_server import ChatServer
+    from PIL import Image
+
+    from eval.geoprivacy import data as geo_data
+    from eval.spatialtrust import data as st_data
+    from eval.suite import run_suite
+
+    root = tmp_path_factory.mktemp("roots")
+    first = root / "before"
+    shutil.copytree(synthetic_dir, first / "data" / "spy")
+    (first / "data" / "geo").mkdir()
+    for n, label in enumerate(list(geo_data.load_labels())[:2]):
+        Image.new("RGB", (24, 16), (30 + 90 * n, 160, 60)).save(first / "data" / "geo" / f"{label}.png")
+    st_data.build_synthetic(first / "data" / "st", n_images=2)
+    answer = json.dumps({"q1": {"choices": ["B"]}, "q4": {"text": "none", "boxes": []}})
+    with ChatServer(lambda request: answer) as server:
+        (first / "data" / "suite.yaml").write_text(USER_SUITE.format(url=server.base_url))
+        run_suite(first / "data" / "suite.yaml", "m", first / "suite", root=str(first / "data"), view=False)
+    inputs = json.loads((first / "suite" / "results.json").read_text())["inputs"]
+    assert inputs["spy"]["images"] == "../data/spy" and inputs["spatialtrust"]["data"] == "../data/st/data.jsonl"
+    moved = root / "after"
+    moved.mkdir()
+    shutil.move(first / "suite", moved / "suite")
+    shutil.move(first / "data", moved / "inputs")
+    return moved / "suite", moved / "inputs"
+
+
+def user_roots(data: Path) -> dict:
+    return {"images": data / "spy", "geo_images": data / "geo", "spatialtrust_data": data / "st" / "data.jsonl"}
+
+
+def test_a_moved_suite_folder_is_viewed_with_the_roots_the_user_names(user_suite, tmp_path, caplog):
+    from eval.view import build_view
+
+    suite, data = user_suite
+    with caplog.at_level(logging.WARNING):
+        build_view([suite], tmp_path / "bare", progress=False)
+    for field, flag in (("spy.images", "--images"), ("geo.images", "--geo-images"),
+                        ("spatialtrust.data", "--spatialtrust-data")):
+        assert f"inputs.{field}" in caplog.text and f"not used; pass {flag}" in caplog.text, field
+    assert not copied_images(tmp_path / "bare")
+    index = build_view([suite], tmp_path / "view", progress=False, **user_roots(data))
+    copied = copied_images(tmp_path / "view")  # every section's images, from where the user named them
+    assert copied <= image_bytes(data) and image_bytes(data / "geo") | image_bytes(data / "st" / "images") <= copied
+    assert copied & image_bytes(data / "spy")
+    meta = (tmp_path / "view" / "data" / "meta.js").read_text() + (index.parent / "data" / "rows-0000.js").read_text()
+    assert all(f'"{bench}"' in meta for bench in ("spy", "geo", "st"))
+
+
+@pytest.mark.parametrize("flag", ["images", "geo_images", "spatialtrust_data"])
+def test_roots_the_user_names_win_over_recorded_ones_inside_the_folder(user_suite, tmp_path, flag):
+    """results.json records roots inside the suite folder (usable: without options the site shows them); each root
+    the user names replaces its section's recorded one, and only that one."""
+    from eval.view import build_view
+
+    moved, data = user_suite
+    suite = tmp_path / "suite"
+    shutil.copytree(moved, suite)
+    recorded = recoloured_copy(data, suite / "recorded")
+    results = json.loads((suite / "results.json").read_text())
+    results["inputs"] = {"spy": {"images": "recorded/spy"}, "geo": {"images": "recorded/geo"},
+                         "spatialtrust": {"data": "recorded/st/data.jsonl", "image_root": "recorded/st"}}
+    (suite / "results.json").write_text(json.dumps(results))
+    build_view([suite], tmp_path / "recorded-view", progress=False)
+    copied = copied_images(tmp_path / "recorded-view")
+    assert copied <= image_bytes(recorded) and all(copied & image_bytes(recorded / s) for s in ("spy", "geo", "st"))
+    build_view([suite], tmp_path / "view", progress=False, **{flag: user_roots(data)[flag]})
+    copied = copied_images(tmp_path / "view")
+    named = {"images": "spy", "geo_images": "geo", "spatialtrust_data": "st"}[flag]
+    for section in ("spy", "geo", "st"):
+        used, unused = (data, recorded) if section == named else (recorded, data)
+        assert copied & image_bytes(used / section) and not copied & image_bytes(unused / section), section
+
+
+@pytest.mark.parametrize("roots, warned", [
+    ({"geo": {"images": "SECRET/geo"}}, ["geo.images"]),
+    ({"geo": {"images": "../secret/geo", "labels": "../secret/labels.csv", "metadata": "/etc/../SECRET/meta.csv"}},
+     ["geo.images", "geo.labels", "geo.metadata"]),
+    ({"geo": {"images": "/"}, "spatialtrust": {"data": "SECRET/st/data.jsonl"}}, ["geo.images", "spatialtrust.data"]),
+    ({"spatialtrust": {"data": "../secret/st/data.jsonl", "image_root": "../secret/st"}}, ["spatialtrust.data"]),
+    ({"spatialtrust": {"data": "inside/data.jsonl", "image_root": "SECRET/st"}}, ["spatialtrust.image_root"]),
+], ids=["geo-absolute", "geo-dotdot", "geo-root-st-absolute", "st-dotdot", "st-image-root"])
+def test_crafted_geo_and_spatialtrust_roots_copy_nothing_from_outside(user_suite, tmp_path, caplog, roots,
+                                                                       warned):
+    """The GeoPrivacy and SpatialTrust roots of a crafted results.json get the rule --images's has: a root outside
+    the suite folder is not used (and said), so no image of the machine reaches the site."""
+    from eval.view import build_view
+
+    moved, data = user_suite
+    secret = recoloured_copy(data, tmp_path / "secret")  # the same ids and names, outside the suite folder
+    suite = tmp_path / "suite"
+    shutil.copytree(moved, suite)
+    (suite / "inside").mkdir()
+    shutil.copyfile(data / "st" / "data.jsonl", suite / "inside" / "data.jsonl")  # its images are not beside it
+    results = json.loads((suite / "results.json").read_text())
+    results["inputs"] = json.loads(json.dumps(roots).replace("SECRET", str(tmp_path / "secret")))
+    (suite / "results.json").write_text(json.dumps(results))
+    with caplog.at_level(logging.WARNING):
+        build_view([suite], tmp_path / "view", progress=False)
+    assert not copied_images(tmp_path / "view") & image_bytes(secret)
+    for field in warned:
+        assert f"inputs.{field}:" in caplog.text and "not used" in caplog.text, field
+    everything = b"".join(p.read_bytes() for p in (tmp_path / "view").rglob("*") if p.is_file())
+    assert str(tmp_path).encode() not in everything
 
 
 @pytest.mark.parametrize("sections", [{"spy": 3}, {"spy": ["x"]}, {"spatialtrust": "one-pass"}])

@@ -140,6 +140,32 @@ def _read_run(path, required, made_by):
     return records, 1 if header is None else 2
 
 
+# Fields of the other benchmarks' run files, which a GeoPrivacy answer never has: their runs hold a `response`
+# too, and with no header to say which step made the file, these tell them apart.
+OTHER_BENCHMARKS_FIELDS = {**dict.fromkeys(("label", "is_privacy", "other_labels", "input_question", "benchmark_id",
+                                            "eval_resp", "resp_3"), "SPY-Bench"),
+                           **dict.fromkeys(("image_id", "q1", "q2", "q3", "q4", "q5"), "SpatialTrust")}
+
+
+def check_free_form_record(path, n: int, record: dict) -> None:
+    """A record `geo judge` labels: a GeoPrivacy free-form answer (its id a GeoPrivacy id once data.label_id has
+    read it, its setting free-form when it names one, no field of another benchmark's run), with the answer's
+    text unless its generation failed. Checked on every record, header or not."""
+    if record.get("setting", "free-form") != "free-form":  # also what the header says, for every record
+        raise InputError(path, n, "setting", f"{record['setting']!r}: geo judge labels free-form answers "
+                         "(geo metrics scores MCQ answers without a judge)")
+    foreign = next((field for field in OTHER_BENCHMARKS_FIELDS if field in record), None)
+    if foreign is not None:
+        raise InputError(path, n, foreign, f"a {OTHER_BENCHMARKS_FIELDS[foreign]} field: geo judge labels "
+                         "GeoPrivacy free-form answers (the run of `geo generate --setting free-form`)")
+    if not data.is_label_id(record["id"]):
+        raise InputError(path, n, "id", f"{record['id']!r} is not a GeoPrivacy image id (e.g. 1873728, "
+                         "yfcc-1873728, s1234 or gptgeochat-1234): geo judge labels GeoPrivacy free-form answers")
+    if not record.get("error") and not isinstance(record["response"], str):
+        raise InputError(path, n, "response", f"expected the answer's text, got {record['response']!r} "
+                         "(only a failed generation, with an error, has none)")
+
+
 def cmd_judge(args) -> int:
     from eval.geoprivacy.judge import judge_run
 
@@ -147,12 +173,7 @@ def cmd_judge(args) -> int:
     check_outputs([args.input], [args.out, cache])
     records, first = _read_run(args.input, ("id", "response"), made_by=("geo generate",))
     for n, record in enumerate(records, first):  # a record without an error holds the answer to judge
-        if record.get("setting", "free-form") != "free-form":  # also what the header says, for every record
-            raise InputError(args.input, n, "setting", f"{record['setting']!r}: geo judge labels free-form answers "
-                             "(geo metrics scores MCQ answers without a judge)")
-        if not record.get("error") and not isinstance(record["response"], str):
-            raise InputError(args.input, n, "response", f"expected the answer's text, got {record['response']!r} "
-                             "(only a failed generation, with an error, has none)")
+        check_free_form_record(args.input, n, record)
     warn_if_empty(args.input, records, "geo judge")
     failed = [r["id"] for r in records if r.get("error")]
     RunFile(args.out, header={"step": "geo judge", "judge_model": args.judge_model}, new_run=args.new_run)

@@ -38,6 +38,12 @@ def label_id(raw) -> str:
     return stem
 
 
+def is_label_id(label) -> bool:
+    """Whether `label` (as label_id gives it) has the form of a GeoPrivacy label id: a number (YFCC, im2gps3k), or
+    s and a number (GPTGeoChat). Every id of the released labels has it."""
+    return isinstance(label, str) and re.fullmatch(r"s?[0-9]+", label) is not None
+
+
 def image_id(label: str, source: str | None = None) -> str:
     """Label id -> `image_id`. Without the source, a bare number is taken to be YFCC (1,100 of 1,200 images)."""
     label = str(label)
