@@ -1,12 +1,15 @@
 """GRPO's groups tree-packed: the G completions of a prompt as one prefix (the prompt, its image encoded once) and G
 leaves, all groups of a chunk in one padding-free row, for every log-prob pass (policy, reference, old policy).
 
-TRL's GRPO rows are `[left padding | prompt | completion | right padding]`, and the G rows of a group are
-consecutive. Here each row is flushed left (`[prompt | completion | padding]`, the layout losses/packing.py takes),
-the rows are reordered into its blocks (row k * groups + e holds completion k of group e), packed by
-`pack_preference_batch` with G sequences per example, scored by the packed forward of `enable_packing`, and the
-per-token values are put back into TRL's `(rows, logits_to_keep)` completion layout. Positions are the rope index
-of the flushed rows, which equals that of TRL's left-padded rows (the rope index counts only attended tokens).
+TRL's GRPO rows are `[left padding | prompt | completion | right padding]`. The G rows of a group are consecutive
+when TRL scores its rollouts (the reference's and the old policy's passes) but not in the loss: TRL shuffles the
+generation batch before it splits it into steps. So the groups are found, not assumed (`prompt_groups`: rows with
+the same prompt tokens and the same image pixels, whatever their order). Each row is flushed left (`[prompt |
+completion | padding]`, the layout losses/packing.py takes), the rows are reordered into its blocks (row k * groups
++ e holds completion k of group e), packed by `pack_preference_batch` with one group per example, scored by the
+packed forward of `enable_packing`, and the per-token values are put back into TRL's `(rows, logits_to_keep)`
+completion layout, in TRL's row order. Positions are the rope index of the flushed rows, which equals that of
+TRL's left-padded rows (the rope index counts only attended tokens).
 """
 
 from __future__ import annotations
@@ -16,23 +19,48 @@ import torch
 from losses.packing import pack_preference_batch
 
 
-def group_size_of(rows: int, num_generations: int) -> int | None:
-    """Rows per group in a chunk of `rows` consecutive rows cut at multiples of `rows`: whole groups (G divides
-    rows) or a part of one group (rows divides G); None when chunks cut groups unevenly (packing then is off)."""
-    if rows % num_generations == 0:
-        return num_generations
-    if num_generations % rows == 0:
-        return rows
-    return None
+def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                  pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
+                  num_images: list[int] | None = None) -> list[list[int]] | None:
+    """The rows of one prompt (the same prompt tokens and the same images, pixel for pixel), as groups of one size:
+    a prompt drawn twice is split into groups of that size. None when the prompts' row counts share no size (the
+    pass then runs unpacked)."""
+    prompt_width = input_ids.size(1) - logits_to_keep
+    kept = attention_mask[:, :prompt_width].bool()
+    prompts = [tuple(row[keep].tolist()) for row, keep in zip(input_ids[:, :prompt_width], kept)]
+    images: list[list[torch.Tensor]] = [[] for _ in prompts]
+    if pixel_values is not None:
+        patches = image_grid_thw.prod(-1).tolist()
+        starts = [0]
+        for n in patches:
+            starts.append(starts[-1] + n)
+        first = 0
+        for r, count in enumerate(num_images):
+            images[r] = [pixel_values[starts[i]:starts[i + 1]] for i in range(first, first + count)]
+            first += count
+    same: list[list[int]] = []  # rows of one prompt, in the order they come
+    for r in range(len(prompts)):
+        for group in same:
+            g = group[0]
+            if prompts[g] == prompts[r] and len(images[g]) == len(images[r]) and all(
+                    a.shape == b.shape and torch.equal(a, b) for a, b in zip(images[g], images[r])):
+                group.append(r)
+                break
+        else:
+            same.append([r])
+    size = min(len(group) for group in same)
+    if any(len(group) % size for group in same):
+        return None
+    return [group[i:i + size] for group in same for i in range(0, len(group), size)]
 
 
-def pack_grpo_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, group_size: int,
-                   mm_token_type_ids: torch.Tensor, pixel_values: torch.Tensor | None = None,
+def pack_grpo_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                   groups: list[list[int]], mm_token_type_ids: torch.Tensor, pixel_values: torch.Tensor | None = None,
                    image_grid_thw: torch.Tensor | None = None, num_images: list[int] | None = None):
-    """(packed model inputs, unpack) for TRL's rows; `unpack(grid)` maps a packed forward's (rows, length - 1)
-    output (in the packed row order) back onto TRL's (rows, logits_to_keep) completion columns."""
+    """(packed model inputs, unpack) for TRL's rows, `groups` (prompt_groups) one example each; `unpack(grid)` maps a
+    packed forward's (rows, length - 1) output (in the packed row order) back onto TRL's (rows, logits_to_keep)
+    completion columns."""
     rows, width = input_ids.shape
-    groups = rows // group_size
     prompt_width = width - logits_to_keep
     left_pad = prompt_width - attention_mask[:, :prompt_width].sum(1)
     shift = (torch.arange(width, device=input_ids.device)[None] + left_pad[:, None]) % width  # flush left
@@ -40,7 +68,9 @@ def pack_grpo_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits
     def flushed(t):
         return t.gather(1, shift)
 
-    order = torch.arange(rows, device=input_ids.device).view(groups, group_size).t().flatten()  # block k holds completion k of every group
+    group_size = len(groups[0])
+    order = torch.tensor([group[k] for k in range(group_size) for group in groups],  # block k: row k of every group
+                         device=input_ids.device)
     mask = flushed(attention_mask)[order]
     prompt_len = (prompt_width - left_pad)[order]
     columns = torch.arange(width, device=input_ids.device)[None]

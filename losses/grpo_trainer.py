@@ -24,7 +24,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from cli.errors import RunStopped
 from losses.checkpointing import HubFormatResumeMixin
-from losses.grpo_packing import group_size_of, pack_grpo_rows
+from losses.grpo_packing import pack_grpo_rows, prompt_groups
 from losses.packing import PackedAttention, enable_packing, packed_attention_field
 from losses.rewards import JUDGED_REWARDS
 from vlm.families import supports_packing
@@ -86,22 +86,12 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
                      image_grid_thw=image_grid_thw, num_images=num_images, mm_token_type_ids=mm_token_type_ids,
                      **kwargs)
         batch_size = batch_size or input_ids.size(0)
-        num_generations = self.num_generations if self.model.training else self.num_generations_eval
-        group_size = group_size_of(min(batch_size, input_ids.size(0)), num_generations)
         usable = (self.args.packed and mm_token_type_ids is not None and not compute_aux_loss
-                  and not any(v is not None for v in kwargs.values()) and group_size is not None
-                  and input_ids.size(0) % batch_size in (0, input_ids.size(0)))
-        if not usable:
-            if self.args.packed and not self._warned_unaligned:
-                self._warned_unaligned = True
-                logger.warning("packed: this pass cannot be tree-packed (chunks of %d rows cut groups of %d); "
-                               "it runs unpacked", batch_size, num_generations)
-            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                              batch_size, **plain)
-        logps, entropies = [], []
+                  and not any(v is not None for v in kwargs.values()))
+        chunks, ungrouped = [], False
         images = [0, *torch.tensor(num_images).cumsum(0).tolist()] if num_images is not None else None
         patches = image_grid_thw.prod(-1) if image_grid_thw is not None else None
-        for start in range(0, input_ids.size(0), batch_size):
+        for start in range(0, input_ids.size(0), batch_size) if usable else ():
             end = min(start + batch_size, input_ids.size(0))
             chunk = {}
             if pixel_values is not None:
@@ -109,8 +99,23 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
                 rows_before = int(patches[:first].sum())
                 chunk = {"pixel_values": pixel_values[rows_before:rows_before + int(patches[first:last].sum())],
                          "image_grid_thw": image_grid_thw[first:last], "num_images": num_images[start:end]}
+            # TRL shuffles a generation batch's rows before the loss: a group's rows are found, not assumed
+            groups = prompt_groups(input_ids[start:end], attention_mask[start:end], logits_to_keep, **chunk)
+            if groups is None:
+                usable, ungrouped = False, True
+                break
+            chunks.append((start, end, groups, chunk))
+        if not usable:
+            if ungrouped and not self._warned_unaligned:
+                self._warned_unaligned = True
+                logger.warning("packed: this pass cannot be tree-packed (its chunks of %d rows hold prompts with "
+                               "unequal numbers of completions); it runs unpacked", batch_size)
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                              batch_size, **plain)
+        logps, entropies = [], []
+        for start, end, groups, chunk in chunks:
             packed, unpack = pack_grpo_rows(input_ids[start:end], attention_mask[start:end], logits_to_keep,
-                                            group_size, mm_token_type_ids[start:end], **chunk)
+                                            groups, mm_token_type_ids[start:end], **chunk)
             with self.accelerator.autocast():
                 outputs = model(**packed, fused_lm_head=True, use_cache=False)
             logps.append(unpack(outputs.log_probs))

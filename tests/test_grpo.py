@@ -73,6 +73,17 @@ def two_groups(dataset) -> list[dict]:
     return [dict(dataset[i]) for i in (spy,) * G + (general,) * G]
 
 
+def shuffled_as_trl_does(batch: dict, seed=0) -> dict:
+    """The generation batch as TRL's training step sees it: rows shuffled (`_prepare_inputs`), so a group's rows are
+    no longer consecutive."""
+    from trl.trainer.utils import shuffle_sequence_dict, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
+
+    torch.manual_seed(seed)
+    out = unsplit_pixel_values_by_grid(shuffle_sequence_dict(split_pixel_values_by_grid(dict(batch))))
+    assert not out["completion_ids"].equal(batch["completion_ids"])  # the order changed
+    return out
+
+
 def scored(trainer, rows, packed: bool, seed=0):
     trainer.args.packed = packed
     torch.manual_seed(seed)
@@ -100,19 +111,21 @@ def test_packed_groups_equal_unpacked(family, lora, tiny_family_dir, grpo_data, 
         torch.testing.assert_close(masked(packed[key], packed), masked(plain[key], plain), rtol=0, atol=TOL)
     torch.testing.assert_close(packed["advantages"], plain["advantages"], rtol=0, atol=TOL)
 
+    batch = shuffled_as_trl_does(plain)  # the loss's pass sees the rows in TRL's shuffled order
+
     def step(packed_pass: bool):
         trainer.args.packed = packed_pass
         trainer.model.zero_grad()
-        ids = torch.cat([plain["prompt_ids"], plain["completion_ids"]], 1)
-        mask = torch.cat([plain["prompt_mask"], plain["completion_mask"]], 1)
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
         logps, entropy, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, ids, mask, plain["completion_ids"].size(1), compute_entropy=True,
-            pixel_values=plain["pixel_values"], image_grid_thw=plain["image_grid_thw"],
-            num_images=plain["num_images"], mm_token_type_ids=plain["mm_token_type_ids"])
-        loss = trainer.compute_loss(trainer.model, dict(plain))
+            trainer.model, ids, mask, batch["completion_ids"].size(1), compute_entropy=True,
+            pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"],
+            num_images=batch["num_images"], mm_token_type_ids=batch["mm_token_type_ids"])
+        loss = trainer.compute_loss(trainer.model, dict(batch))
         loss.backward()
         grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-        return masked(logps.detach(), plain), masked(entropy.detach(), plain), loss.detach(), grads
+        return masked(logps.detach(), batch), masked(entropy.detach(), batch), loss.detach(), grads
 
     (lp_u, ent_u, loss_u, grads_u), (lp_p, ent_p, loss_p, grads_p) = step(False), step(True)
     torch.testing.assert_close(lp_p, lp_u, rtol=0, atol=TOL)
@@ -172,6 +185,37 @@ def test_flex_reference_and_old_policy_passes(family, tiny_family_dir, grpo_data
         assert (values != 0).sum() > 20
         for other in (sdpa, plain):
             torch.testing.assert_close(values, masked(other[key], other), rtol=0, atol=TOL, msg=key)
+
+
+@pytest.mark.slow
+def test_a_prompt_is_its_text_and_its_image(tiny_model_dir, grpo_data, tmp_path):
+    """Two groups with the same text and different images, shuffled as TRL shuffles them: two groups are found (not
+    one of 2G), and the packed log-probabilities equal the unpacked ones."""
+    from losses.grpo_packing import prompt_groups
+
+    trainer, dataset = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path)
+    spy = [i for i, t in enumerate(dataset["task"]) if t == "spy"]
+    first, other = dict(dataset[spy[0]]), dict(dataset[spy[1]])
+    twin = {**first, "images": other["images"]}  # the same prompt text, another image
+    plain = scored(trainer, [first] * G + [twin] * G, False)
+    batch = shuffled_as_trl_does(plain)
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    width = batch["completion_ids"].size(1)
+    images = dict(pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"],
+                  num_images=batch["num_images"])
+    groups = prompt_groups(ids, mask, width, **images)
+    assert sorted(len(g) for g in groups) == [G, G]
+    assert all(len({tuple(batch["prompt_ids"][r].tolist()) for r in g}) == 1 for g in groups)
+
+    def logps(packed_pass):
+        trainer.args.packed = packed_pass
+        with torch.no_grad():
+            return trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, width,
+                                                              mm_token_type_ids=batch["mm_token_type_ids"],
+                                                              **images)[0]
+
+    torch.testing.assert_close(masked(logps(True), batch), masked(logps(False), batch), rtol=0, atol=TOL)
 
 
 def test_rewards_score_what_spy_expects():
@@ -300,6 +344,9 @@ def test_grpo_trains_from_sft_with_the_rule_judge_and_resumes(sft_checkpoint, gr
     history, result = grpo_from(sft_checkpoint, grpo_data, tmp_path / "a")
     steps = [e for e in history if "loss" in e]
     assert [e["step"] for e in steps] == [1, 2, 3, 4]
+    # at the first step the policy is the reference: KL 0 unless a pass scored rows with another group's prompt or
+    # image (TRL shuffles the rows before the loss)
+    assert steps[0]["kl"] == pytest.approx(0, abs=1e-6)
     for e in steps:  # each reward's mean and spread, the missing count, per-category compliance
         assert {"reward", "rewards/privacy_compliance/mean", "rewards/privacy_compliance/std",
                 "rewards/helpfulness/mean", "rewards/missing"} <= set(e)
