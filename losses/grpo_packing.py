@@ -4,7 +4,9 @@ leaves, all groups of a chunk in one padding-free row, for every log-prob pass (
 TRL's GRPO rows are `[left padding | prompt | completion | right padding]`. The G rows of a group are consecutive
 when TRL scores its rollouts (the reference's and the old policy's passes) but not in the loss: TRL shuffles the
 generation batch before it splits it into steps. So the groups are found, not assumed (`prompt_groups`: rows with
-the same prompt tokens and the same image pixels, whatever their order). Each row is flushed left (`[prompt |
+the same prompt tokens and the same image pixels, whatever their order), and a step that holds part of a group
+(`gradient_accumulation_steps` > 1: TRL splits the shuffled batch into steps) packs its groups by size, one forward
+per size. Each row is flushed left (`[prompt |
 completion | padding]`, the layout losses/packing.py takes), the rows are reordered into its blocks (row k * groups
 + e holds completion k of group e), packed by `pack_preference_batch` with one group per example, scored by the
 packed forward of `enable_packing`, and the per-token values are put back into TRL's `(rows, logits_to_keep)`
@@ -19,39 +21,60 @@ import torch
 from losses.packing import pack_preference_batch
 
 
+def image_ranges(image_grid_thw: torch.Tensor, num_images: list[int]) -> list[list[tuple[int, int, int]]]:
+    """Per row, its images as (image index, first pixel row, end pixel row) of the batch's `pixel_values`."""
+    starts = [0, *torch.cumsum(image_grid_thw.prod(-1), 0).tolist()]
+    out, first = [], 0
+    for count in num_images:
+        out.append([(i, starts[i], starts[i + 1]) for i in range(first, first + count)])
+        first += count
+    return out
+
+
 def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                   pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
-                  num_images: list[int] | None = None) -> list[list[int]] | None:
-    """The rows of one prompt (the same prompt tokens and the same images, pixel for pixel), as groups of one size:
-    a prompt drawn twice is split into groups of that size. None when the prompts' row counts share no size (the
-    pass then runs unpacked)."""
+                  num_images: list[int] | None = None) -> list[list[int]]:
+    """The rows of each prompt (the same prompt tokens and the same images, pixel for pixel), in the order they come."""
     prompt_width = input_ids.size(1) - logits_to_keep
     kept = attention_mask[:, :prompt_width].bool()
     prompts = [tuple(row[keep].tolist()) for row, keep in zip(input_ids[:, :prompt_width], kept)]
     images: list[list[torch.Tensor]] = [[] for _ in prompts]
     if pixel_values is not None:
-        patches = image_grid_thw.prod(-1).tolist()
-        starts = [0]
-        for n in patches:
-            starts.append(starts[-1] + n)
-        first = 0
-        for r, count in enumerate(num_images):
-            images[r] = [pixel_values[starts[i]:starts[i + 1]] for i in range(first, first + count)]
-            first += count
-    same: list[list[int]] = []  # rows of one prompt, in the order they come
+        images = [[pixel_values[a:b] for _, a, b in row] for row in image_ranges(image_grid_thw, num_images)]
+    groups: list[list[int]] = []
     for r in range(len(prompts)):
-        for group in same:
+        for group in groups:
             g = group[0]
             if prompts[g] == prompts[r] and len(images[g]) == len(images[r]) and all(
                     a.shape == b.shape and torch.equal(a, b) for a, b in zip(images[g], images[r])):
                 group.append(r)
                 break
         else:
-            same.append([r])
-    size = min(len(group) for group in same)
-    if any(len(group) % size for group in same):
-        return None
-    return [group[i:i + size] for group in same for i in range(0, len(group), size)]
+            groups.append([r])
+    return groups
+
+
+def by_size(groups: list[list[int]]) -> list[list[list[int]]]:
+    """The groups in sets of one size, one packed forward each (packing takes examples of one size)."""
+    sizes: dict[int, list[list[int]]] = {}
+    for group in groups:
+        sizes.setdefault(len(group), []).append(group)
+    return list(sizes.values())
+
+
+def take_rows(rows: list[int], input_ids: torch.Tensor, attention_mask: torch.Tensor, mm_token_type_ids: torch.Tensor,
+              pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
+              num_images: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """Those rows of a batch, their images with them."""
+    index = torch.tensor(rows, device=input_ids.device)
+    images = {}
+    if pixel_values is not None:
+        picked = [item for r in rows for item in image_ranges(image_grid_thw, num_images)[r]]
+        images = {"pixel_values": torch.cat([pixel_values[a:b] for _, a, b in picked]),
+                  "image_grid_thw": image_grid_thw[torch.tensor([i for i, _, _ in picked], dtype=torch.long,
+                                                                device=image_grid_thw.device)],
+                  "num_images": [num_images[r] for r in rows]}
+    return input_ids[index], attention_mask[index], mm_token_type_ids[index], images
 
 
 def pack_grpo_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,

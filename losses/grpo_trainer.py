@@ -24,7 +24,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from cli.errors import RunStopped
 from losses.checkpointing import HubFormatResumeMixin
-from losses.grpo_packing import pack_grpo_rows, prompt_groups
+from losses.grpo_packing import by_size, pack_grpo_rows, prompt_groups, take_rows
 from losses.packing import PackedAttention, enable_packing, packed_attention_field
 from losses.rewards import JUDGED_REWARDS
 from vlm.families import supports_packing
@@ -77,7 +77,6 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
                 if m is not None:
                     enable_packing(m, self.packed_attention)  # after TRL's fused head, which it wraps
         self._judged = [i for i, name in enumerate(self.reward_func_names) if name in JUDGED_REWARDS]
-        self._warned_unaligned = False
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, pixel_values=None,
@@ -86,12 +85,14 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
                      image_grid_thw=image_grid_thw, num_images=num_images, mm_token_type_ids=mm_token_type_ids,
                      **kwargs)
         batch_size = batch_size or input_ids.size(0)
-        usable = (self.args.packed and mm_token_type_ids is not None and not compute_aux_loss
-                  and not any(v is not None for v in kwargs.values()))
-        chunks, ungrouped = [], False
+        if not (self.args.packed and mm_token_type_ids is not None and not compute_aux_loss
+                and not any(v is not None for v in kwargs.values())):
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                              batch_size, **plain)
         images = [0, *torch.tensor(num_images).cumsum(0).tolist()] if num_images is not None else None
         patches = image_grid_thw.prod(-1) if image_grid_thw is not None else None
-        for start in range(0, input_ids.size(0), batch_size) if usable else ():
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
             chunk = {}
             if pixel_values is not None:
@@ -99,28 +100,26 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
                 rows_before = int(patches[:first].sum())
                 chunk = {"pixel_values": pixel_values[rows_before:rows_before + int(patches[first:last].sum())],
                          "image_grid_thw": image_grid_thw[first:last], "num_images": num_images[start:end]}
+            ids, mask, mm = input_ids[start:end], attention_mask[start:end], mm_token_type_ids[start:end]
             # TRL shuffles a generation batch's rows before the loss: a group's rows are found, not assumed
-            groups = prompt_groups(input_ids[start:end], attention_mask[start:end], logits_to_keep, **chunk)
-            if groups is None:
-                usable, ungrouped = False, True
-                break
-            chunks.append((start, end, groups, chunk))
-        if not usable:
-            if ungrouped and not self._warned_unaligned:
-                self._warned_unaligned = True
-                logger.warning("packed: this pass cannot be tree-packed (its chunks of %d rows hold prompts with "
-                               "unequal numbers of completions); it runs unpacked", batch_size)
-            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                              batch_size, **plain)
-        logps, entropies = [], []
-        for start, end, groups, chunk in chunks:
-            packed, unpack = pack_grpo_rows(input_ids[start:end], attention_mask[start:end], logits_to_keep,
-                                            groups, mm_token_type_ids[start:end], **chunk)
-            with self.accelerator.autocast():
-                outputs = model(**packed, fused_lm_head=True, use_cache=False)
-            logps.append(unpack(outputs.log_probs))
+            order, chunk_logps, chunk_entropies = [], [], []
+            for groups in by_size(prompt_groups(ids, mask, logits_to_keep, **chunk)):
+                rows = [r for group in groups for r in group]
+                size = len(groups[0])
+                local = [list(range(i * size, (i + 1) * size)) for i in range(len(groups))]
+                sub_ids, sub_mask, sub_mm, sub_images = take_rows(rows, ids, mask, mm, **chunk)
+                packed, unpack = pack_grpo_rows(sub_ids, sub_mask, logits_to_keep, local, sub_mm, **sub_images)
+                with self.accelerator.autocast():
+                    outputs = model(**packed, fused_lm_head=True, use_cache=False)
+                order += rows
+                chunk_logps.append(unpack(outputs.log_probs))
+                if compute_entropy:
+                    chunk_entropies.append(unpack(outputs.entropy))
+            back = torch.empty(len(order), dtype=torch.long)
+            back[torch.tensor(order)] = torch.arange(len(order))  # TRL's row order again
+            logps.append(torch.cat(chunk_logps)[back.to(input_ids.device)])
             if compute_entropy:
-                entropies.append(unpack(outputs.entropy))
+                entropies.append(torch.cat(chunk_entropies)[back.to(input_ids.device)])
         return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

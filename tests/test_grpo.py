@@ -73,15 +73,21 @@ def two_groups(dataset) -> list[dict]:
     return [dict(dataset[i]) for i in (spy,) * G + (general,) * G]
 
 
-def shuffled_as_trl_does(batch: dict, seed=0) -> dict:
-    """The generation batch as TRL's training step sees it: rows shuffled (`_prepare_inputs`), so a group's rows are
-    no longer consecutive."""
-    from trl.trainer.utils import shuffle_sequence_dict, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
+def shuffled_as_trl_does(batch: dict, seed=0, steps=1):
+    """The generation batch as TRL's training steps see it (`_prepare_inputs`): rows shuffled, so a group's rows are
+    no longer consecutive, and split into `steps` (steps_per_generation), each then holding parts of groups."""
+    from trl.trainer.utils import (
+        shuffle_sequence_dict,
+        split_pixel_values_by_grid,
+        split_tensor_dict,
+        unsplit_pixel_values_by_grid,
+    )
 
     torch.manual_seed(seed)
-    out = unsplit_pixel_values_by_grid(shuffle_sequence_dict(split_pixel_values_by_grid(dict(batch))))
-    assert not out["completion_ids"].equal(batch["completion_ids"])  # the order changed
-    return out
+    shuffled = shuffle_sequence_dict(split_pixel_values_by_grid(dict(batch)))
+    parts = [unsplit_pixel_values_by_grid(part) for part in split_tensor_dict(shuffled, steps)]
+    assert not torch.cat([p["completion_ids"] for p in parts]).equal(batch["completion_ids"])  # the order changed
+    return parts[0] if steps == 1 else parts
 
 
 def scored(trainer, rows, packed: bool, seed=0):
@@ -190,7 +196,8 @@ def test_flex_reference_and_old_policy_passes(family, tiny_family_dir, grpo_data
 @pytest.mark.slow
 def test_a_prompt_is_its_text_and_its_image(tiny_model_dir, grpo_data, tmp_path):
     """Two groups with the same text and different images, shuffled as TRL shuffles them: two groups are found (not
-    one of 2G), and the packed log-probabilities equal the unpacked ones."""
+    one of 2G), and the packed log-probabilities equal the unpacked ones; so they do on each half of the batch (two
+    steps per generation: parts of groups, of unequal sizes)."""
     from losses.grpo_packing import prompt_groups
 
     trainer, dataset = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path)
@@ -198,24 +205,31 @@ def test_a_prompt_is_its_text_and_its_image(tiny_model_dir, grpo_data, tmp_path)
     first, other = dict(dataset[spy[0]]), dict(dataset[spy[1]])
     twin = {**first, "images": other["images"]}  # the same prompt text, another image
     plain = scored(trainer, [first] * G + [twin] * G, False)
+
+    def inputs(batch):
+        images = dict(pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"],
+                      num_images=batch["num_images"])
+        return (torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
+                torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1), batch["completion_ids"].size(1), images)
+
+    def logps(batch, packed_pass):
+        trainer.args.packed = packed_pass
+        ids, mask, width, images = inputs(batch)
+        with torch.no_grad():
+            return masked(trainer._get_per_token_logps_and_entropies(
+                trainer.model, ids, mask, width, mm_token_type_ids=batch["mm_token_type_ids"], **images)[0], batch)
+
     batch = shuffled_as_trl_does(plain)
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-    width = batch["completion_ids"].size(1)
-    images = dict(pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"],
-                  num_images=batch["num_images"])
+    ids, mask, width, images = inputs(batch)
     groups = prompt_groups(ids, mask, width, **images)
     assert sorted(len(g) for g in groups) == [G, G]
     assert all(len({tuple(batch["prompt_ids"][r].tolist()) for r in g}) == 1 for g in groups)
-
-    def logps(packed_pass):
-        trainer.args.packed = packed_pass
-        with torch.no_grad():
-            return trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, width,
-                                                              mm_token_type_ids=batch["mm_token_type_ids"],
-                                                              **images)[0]
-
-    torch.testing.assert_close(masked(logps(True), batch), masked(logps(False), batch), rtol=0, atol=TOL)
+    torch.testing.assert_close(logps(batch, True), logps(batch, False), rtol=0, atol=TOL)
+    halves = shuffled_as_trl_does(plain, seed=1, steps=2)
+    sizes = [sorted(len(g) for g in prompt_groups(*inputs(half)[:3], **inputs(half)[3])) for half in halves]
+    assert any(len(set(s)) > 1 for s in sizes), sizes  # parts of groups, of unequal sizes
+    for half in halves:
+        torch.testing.assert_close(logps(half, True), logps(half, False), rtol=0, atol=TOL)
 
 
 def test_rewards_score_what_spy_expects():
