@@ -69,7 +69,8 @@ def take_rows(rows: list[int], input_ids: torch.Tensor, attention_mask: torch.Te
     index = torch.tensor(rows, device=input_ids.device)
     images = {}
     if pixel_values is not None:
-        picked = [item for r in rows for item in image_ranges(image_grid_thw, num_images)[r]]
+        ranges = image_ranges(image_grid_thw, num_images)
+        picked = [item for r in rows for item in ranges[r]]
         images = {"pixel_values": torch.cat([pixel_values[a:b] for _, a, b in picked]),
                   "image_grid_thw": image_grid_thw[torch.tensor([i for i, _, _ in picked], dtype=torch.long,
                                                                 device=image_grid_thw.device)],
