@@ -32,8 +32,11 @@ study-tuned: OUT = outputs/study-tuned
 study-tuned: $(STAMP)
 	$(OFFLINE) $(PY) -m train.study --protocol tuned --jobs 2 --out $(OUT)
 
+# The suite on a worker per core (pytest-xdist; modules with expensive shared fixtures stay on one worker, see
+# tests/conftest.py); its budget is in docs/development.md.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n > 4 ? 4 : n )))
 test: $(STAMP)
-	$(OFFLINE) $(PY) -m pytest -q
+	$(OFFLINE) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

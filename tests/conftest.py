@@ -7,10 +7,24 @@ import os
 for key, value in {
     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false",
+    # one OpenMP thread per test process: `make test` runs a worker per core (pytest-xdist), and two threads in each
+    # would spin against the other worker's; it must be set before torch is imported
+    "OMP_NUM_THREADS": "1",
 }.items():
     os.environ.setdefault(key, value)
 
 import pytest  # noqa: E402
+
+# Modules whose module-scoped fixtures are expensive (vLLM engines and `vllm serve`, a trained checkpoint, Chromium, a
+# built docs site): under `--dist loadgroup` all their tests run on one worker, so each fixture is built once.
+ONE_WORKER = {"test_vllm", "test_grpo", "test_hardening_runtime", "test_viewer", "test_viewer_hardening",
+              "test_docs_site", "test_docs"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.module.__name__ in ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 @pytest.fixture(scope="session")

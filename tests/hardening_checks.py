@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
+
 ROOT = Path(__file__).resolve().parents[1]
 # A made-up key: any file or output line holding it is a leak.
 CANARY = "sk-canary-4f1e9b7d2c8a6e3f"
@@ -52,5 +54,5 @@ def run_module(module: str, *args, cwd, env: dict | None = None, timeout: float 
                input: str | None = None) -> subprocess.CompletedProcess:
     """`python -m module args...` in `cwd`, this checkout first on the path, the canary in OPENAI_API_KEY."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": CANARY, **(env or {})}
-    return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=cwd, env=full_env,
+    return forked_python.run([sys.executable, "-m", module, *map(str, args)], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout, input=input)

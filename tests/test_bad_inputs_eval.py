@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 from PIL import Image
 
@@ -299,7 +300,7 @@ def snapshot(folder: Path) -> dict:
 
 def run_eval(folder: Path, argv: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": ""}
-    return subprocess.run([sys.executable, "-m", "eval", *argv], cwd=folder, env=env, capture_output=True,
+    return forked_python.run([sys.executable, "-m", "eval", *argv], cwd=folder, env=env, capture_output=True,
                           text=True, timeout=120)
 
 

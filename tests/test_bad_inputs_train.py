@@ -11,10 +11,10 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 import yaml
 from PIL import Image
@@ -190,7 +190,7 @@ def test_bad_input_exits_2_with_one_line(command, setup, expected, tmp_path, syn
     setup(case)
     before = _hashes(tmp_path, tiny_model_dir, ROOT / "recipes")
     argv = getattr(case, f"{command}_command")()
-    result = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
+    result = forked_python.run(argv, capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr[-3000:]
@@ -200,16 +200,16 @@ def test_bad_input_exits_2_with_one_line(command, setup, expected, tmp_path, syn
 
 def test_validate_passes_a_good_file_and_lists_the_first_problems(tmp_path, synthetic_dir, tiny_model_dir):
     case = Case(tmp_path, synthetic_dir, tiny_model_dir)
-    ok = subprocess.run(case.validate_command(), capture_output=True, text=True, env=ENV)
+    ok = forked_python.run(case.validate_command(), capture_output=True, text=True, env=ENV)
     assert ok.returncode == 0 and ok.stdout.strip() == f"{case.data}: 2 items, 2 images: OK" and not ok.stderr
     _set(case, 0, "label", "a999_mystery")
     _set(case, 1, "question_item.question", "")
-    bad = subprocess.run(case.validate_command(), capture_output=True, text=True, env=ENV)
+    bad = forked_python.run(case.validate_command(), capture_output=True, text=True, env=ENV)
     assert bad.returncode == 2
     assert bad.stderr.splitlines() == [  # one line per bad item, all of them
         f"error: {case.data}:record 0: label: unknown label 'a999_mystery'",
         f'error: {case.data}:record 1: question_item.question: expected a non-empty string, got ""']
-    usage = subprocess.run([sys.executable, "-m", "data_prep.spy_tune"], capture_output=True, text=True, env=ENV)
+    usage = forked_python.run([sys.executable, "-m", "data_prep.spy_tune"], capture_output=True, text=True, env=ENV)
     assert usage.returncode == 2  # one line (cli/entry.py's parser), not a usage block
     assert usage.stderr == "error: command line: the following arguments are required: command\n"
 
@@ -217,7 +217,7 @@ def test_validate_passes_a_good_file_and_lists_the_first_problems(tmp_path, synt
 def _launch(case, *launcher_flags):
     command = [sys.executable, "-m", "accelerate.commands.launch", *launcher_flags, "--config_file",
                str(ROOT / "accelerate_configs" / "cpu.yaml"), *case.train_command()[1:]]
-    return subprocess.run(command, capture_output=True, text=True, cwd=case.root, env=ENV, timeout=300)
+    return forked_python.run(command, capture_output=True, text=True, cwd=case.root, env=ENV, timeout=300)
 
 
 @pytest.mark.parametrize("quiet", [True, False], ids=["quiet", "default"])
@@ -242,7 +242,7 @@ def test_demo_reports_a_stage_s_bad_input_in_one_line(tmp_path, synthetic_dir, t
     out = tmp_path / "demo"
     shutil.copytree(tiny_model_dir, out / "tiny-qwen2vl")  # built already: the demo goes straight to training
     shutil.copytree(synthetic_dir, out / "synthetic-spy-tune")
-    result = subprocess.run([sys.executable, "-m", "train.demo", "--out", str(out), "--train-per-label", "1",
+    result = forked_python.run([sys.executable, "-m", "train.demo", "--out", str(out), "--train-per-label", "1",
                              "--test-per-label", "1", "--train-args", "--max_step", "1"],
                             capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
     assert result.returncode == 2

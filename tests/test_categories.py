@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 
 from data_prep.categories import DEFAULT_FILE, SAFE_LABEL, load_categories, parse
@@ -119,7 +119,7 @@ def test_a_bad_category_file_gets_one_line_and_exit_2(case, tmp_path):
     path = tmp_path / "categories.yaml"
     path.write_text(text)
     before = path.read_bytes()
-    result = subprocess.run([sys.executable, "-m", "data_prep.categories", str(path)], cwd=ROOT,
+    result = forked_python.run([sys.executable, "-m", "data_prep.categories", str(path)], cwd=ROOT,
                             capture_output=True, text=True)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
@@ -131,6 +131,6 @@ def test_a_bad_category_file_gets_one_line_and_exit_2(case, tmp_path):
 def test_the_checker_summarises_a_good_file(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text(CUSTOM)
-    result = subprocess.run([sys.executable, "-m", "data_prep.categories", str(path)], cwd=ROOT,
+    result = forked_python.run([sys.executable, "-m", "data_prep.categories", str(path)], cwd=ROOT,
                             capture_output=True, text=True, check=True)
     assert "2 categories (1 absolute: screen_contents), 3 scenarios" in result.stdout

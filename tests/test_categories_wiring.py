@@ -3,10 +3,10 @@ and the evaluation suite with per-category ICS / HMS; and every piece that used 
 prompt, metrics, run headers, suite config) takes the file instead."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 
 from cli.errors import InputError
@@ -59,7 +59,7 @@ def custom_dir(tmp_path_factory, custom_file):
 
 
 def _run(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    return forked_python.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True)
 
 
 # --------------------------------------------------------------------------------------------- data

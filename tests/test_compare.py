@@ -2,9 +2,10 @@
 were scored over different sample counts or settings (hand-made results.json files; no model)."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
+
+import forked_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +22,7 @@ def results(folder: Path, ics: float, n: int, judge="rule") -> Path:
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "eval", "compare", *map(str, args)], cwd=ROOT, capture_output=True,
+    return forked_python.run([sys.executable, "-m", "eval", "compare", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True)
 
 

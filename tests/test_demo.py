@@ -2,10 +2,10 @@
 key, and a second run reuses what is built and reports the same numbers."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,7 +15,7 @@ SHORT = ["--sft-steps", "3", "--nca-p-steps", "2", "--train-per-label", "1", "--
 
 
 def run_demo(out):
-    result = subprocess.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT,
+    result = forked_python.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result.stdout
@@ -65,6 +65,6 @@ def test_demo_refuses_to_mix_settings(tmp_path):
     out = tmp_path / "demo"
     out.mkdir()
     (out / "demo_config.json").write_text(json.dumps({"sft_steps": 1}))
-    result = subprocess.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT,
+    result = forked_python.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT,
                             capture_output=True, text=True)
     assert result.returncode != 0 and "other settings" in result.stderr

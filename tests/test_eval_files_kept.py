@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 from chat_server import ChatServer
 from PIL import Image
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_eval(folder: Path, *argv) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": ""}
-    return subprocess.run([sys.executable, "-m", "eval", *map(str, argv)], cwd=folder, env=env, capture_output=True,
+    return forked_python.run([sys.executable, "-m", "eval", *map(str, argv)], cwd=folder, env=env, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -9,10 +9,10 @@
 """
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 from PIL import Image
 
@@ -60,13 +60,13 @@ def test_tiny_model_loads_like_the_real_family(family, tiny_family_dir):
 
 
 def test_tiny_model_cli(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "train.tiny_model", str(tmp_path / "m"), "--family", "qwen3_vl_moe",
+    result = forked_python.run([sys.executable, "-m", "train.tiny_model", str(tmp_path / "m"), "--family", "qwen3_vl_moe",
                              "--hidden", "32", "--layers", "1"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config["model_type"] == "qwen3_vl_moe" and config["text_config"]["hidden_size"] == 32
     assert (tmp_path / "m" / "processor_config.json").exists() or (tmp_path / "m" / "preprocessor_config.json").exists()
-    bad = subprocess.run([sys.executable, "-m", "train.tiny_model", str(tmp_path / "x"), "--family", "llama9"],
+    bad = forked_python.run([sys.executable, "-m", "train.tiny_model", str(tmp_path / "x"), "--family", "llama9"],
                          cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice: 'llama9'" in bad.stderr
 
@@ -113,7 +113,7 @@ def test_gemma3_refuses_pixel_bounds(tiny_family_dir, synthetic_dir, tmp_path):
     assert pixel_kwargs(directory, None, None) == {}
     with pytest.raises(InputError, match="gemma3 resizes every image to one fixed size"):
         pixel_kwargs(directory, 200704, None)
-    result = subprocess.run(
+    result = forked_python.run(
         [sys.executable, str(ROOT / "train" / "nca_p.py"), str(ROOT / "recipes/demo/nca_p.yaml"),
          "--model_name_or_path", str(directory), "--train_data_path", str(synthetic_dir / "train_data.json"),
          "--image_folder", str(synthetic_dir), "--output_dir", str(tmp_path / "out"), "--max_pixels", "1003520"],

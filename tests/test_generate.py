@@ -14,6 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
+import forked_python
 import pytest
 from chat_server import ChatServer, Flaky, Reply, image_urls, last_user_text
 
@@ -236,7 +237,7 @@ def test_kill_mid_stage_then_resume_loses_and_duplicates_nothing(inputs, tmp_pat
         done = [json.loads(line) for line in (out / "stages" / "qa.jsonl").read_text().splitlines()[1:]
                 if line.endswith("}")]
         assert 0 < len(done) < 16
-        result = subprocess.run([*command, "--base-url", server.base_url], cwd=ROOT, capture_output=True, text=True)
+        result = forked_python.run([*command, "--base-url", server.base_url], cwd=ROOT, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
     for name in ("train_data.json", "eval_data.json", "questions.json", "stats.json", "categories.yaml",
                  "review.md", "stages/qa.jsonl", "stages/check.jsonl", "stages/templates.jsonl"):

@@ -4,10 +4,10 @@ the README shows (with the generated category file), and the evaluation suite sc
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 from chat_server import ChatServer
 from test_generate import FakeVLM, make_inputs, run
@@ -26,13 +26,12 @@ def test_generated_categories_train_with_nca_p_and_evaluate_per_category(tiny_mo
 
     model = tmp_path / "nca_p"
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / "cpu.yaml"),
-        str(ROOT / "train" / "nca_p.py"), str(ROOT / "recipes" / "demo" / "nca_p.yaml"),
+        sys.executable, str(ROOT / "train" / "nca_p.py"), str(ROOT / "recipes" / "demo" / "nca_p.yaml"),
         "--model_name_or_path", str(tiny_model_dir), "--train_data_path", str(data / "train_data.json"),
         "--image_folder", str(data), "--categories", str(data / "categories.yaml"), "--output_dir", str(model),
         "--max_steps", "2", "--logging_steps", "1", "--per_device_train_batch_size", "2", "--save_steps", "100",
     ]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ))
+    result = forked_python.run(command, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ))
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [e["loss"] for e in json.loads((model / "train_metrics.json").read_text()) if "loss" in e]
     assert len(losses) == 2
@@ -48,7 +47,7 @@ sections:
          settings: [without_distractors, with_distractors]}}
 """)
     out = tmp_path / "suite"
-    result = subprocess.run([sys.executable, "-m", "eval", "suite", "--config", str(config), "--model", str(model),
+    result = forked_python.run([sys.executable, "-m", "eval", "suite", "--config", str(config), "--model", str(model),
                              "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     spy = json.loads((out / "results.json").read_text())["sections"]["spy"]

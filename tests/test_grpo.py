@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 import torch
 from chat_server import ChatServer, Reply, last_user_text
@@ -301,7 +302,7 @@ def test_missing_reward_is_left_out_not_zeroed(tiny_model_dir, grpo_data, tmp_pa
 
 
 def run_grpo(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, str(ROOT / "train" / "grpo.py"), str(ROOT / "recipes" / "demo" / "grpo.yaml"),
+    return forked_python.run([sys.executable, str(ROOT / "train" / "grpo.py"), str(ROOT / "recipes" / "demo" / "grpo.yaml"),
                            *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
@@ -332,7 +333,7 @@ def sft_checkpoint(tmp_path_factory, grpo_data):
 
     base = build_tiny_model(tmp_path_factory.mktemp("tiny-base"))
     out = tmp_path_factory.mktemp("sft") / "sft"
-    result = subprocess.run([sys.executable, str(ROOT / "train" / "sft.py"), str(ROOT / "recipes" / "demo" / "sft.yaml"),
+    result = forked_python.run([sys.executable, str(ROOT / "train" / "sft.py"), str(ROOT / "recipes" / "demo" / "sft.yaml"),
                              "--model_name_or_path", str(base), "--train_data_path", str(grpo_data / "train_data.json"),
                              "--image_folder", str(grpo_data), "--output_dir", str(out), "--max_steps", "4",
                              "--per_device_train_batch_size", "8", "--save_strategy", "no"],
@@ -398,7 +399,7 @@ def launch_fixed(data, model, out, config, *overrides):
                "--image_folder", str(data), "--output_dir", str(out), "--max_steps", "2", "--logging_steps", "1",
                "--save_strategy", "no", "--learning_rate", "1e-3", "--warmup_steps", "0", "--num_generations", "4",
                "--max_completion_length", "16", *overrides]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+    result = forked_python.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
                             env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "TRL_EXPERIMENTAL_SILENCE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((out / "train_metrics.json").read_text())

@@ -21,6 +21,7 @@ import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
+import forked_python
 import pytest
 from chat_server import ChatServer, Reply
 from hardening_checks import CANARY, ROOT, assert_no_canary, assert_one_line, assert_unchanged, run_module, snapshot
@@ -172,7 +173,7 @@ def recipe_argv(tiny_model_dir, data: Path, out: Path, *extra) -> list[str]:
 def train(argv, cwd, timeout=300, **env_extra) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": CANARY, **QUIET,
            "PRIVACY_ALIGN_VERBOSITY": "warning", "TRANSFORMERS_VERBOSITY": "error", **env_extra}  # stderr: warnings and errors
-    return subprocess.run([sys.executable, str(ROOT / "train" / "sft.py"), *argv], cwd=cwd, env=env,
+    return forked_python.run([sys.executable, str(ROOT / "train" / "sft.py"), *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

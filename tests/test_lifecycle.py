@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 from hub_server import HubServer
 from huggingface_hub import ModelCard
@@ -24,13 +25,12 @@ def hub_env(hub, tmp_path) -> dict:
 
 def train(script, recipe, tiny_model_dir, synthetic_dir, out, *overrides, env=None):
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs/cpu.yaml"),
-        str(ROOT / "train" / f"{script}.py"), str(ROOT / "recipes" / "demo" / f"{recipe}.yaml"),
+        sys.executable, str(ROOT / "train" / f"{script}.py"), str(ROOT / "recipes" / "demo" / f"{recipe}.yaml"),
         "--model_name_or_path", str(tiny_model_dir), "--train_data_path", str(synthetic_dir / "train_data.json"),
         "--image_folder", str(synthetic_dir), "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1",
         "--per_device_train_batch_size", "2", "--save_steps", "2", "--save_total_limit", "null", *overrides,
     ]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    result = forked_python.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -115,13 +115,13 @@ def test_chat_answers_on_the_tiny_model(tiny_model_dir, synthetic_dir):
     command = [sys.executable, "-m", "train.chat", "--model", str(tiny_model_dir), "--image", str(image),
                "--instruction", "Do not reveal anyone's identity.", "--question", "Who is this?",
                "--max-new-tokens", "5"]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    result = forked_python.run(command, cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     from train.chat import answer
 
     assert result.stdout.rstrip("\n") == answer(str(tiny_model_dir), str(image), "Do not reveal anyone's identity.",
                                                 "Who is this?", 5)
-    missing = subprocess.run([*command[:6], "no-such.jpg", *command[7:]], cwd=ROOT, capture_output=True, text=True)
+    missing = forked_python.run([*command[:6], "no-such.jpg", *command[7:]], cwd=ROOT, capture_output=True, text=True)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no-such.jpg" in missing.stderr
 
 
@@ -149,7 +149,7 @@ def test_lora_adapter_loads_from_anywhere_and_merges(tiny_model_dir, synthetic_d
     moved = tmp_path / "elsewhere" / "adapter"
     shutil.copytree(out, moved, ignore=shutil.ignore_patterns("checkpoint-*"))
     merged_dir = tmp_path / "merged"
-    result = subprocess.run([sys.executable, "-m", "train.merge_lora", str(moved), "--out", str(merged_dir)],
+    result = forked_python.run([sys.executable, "-m", "train.merge_lora", str(moved), "--out", str(merged_dir)],
                             cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr[-3000:]
     merged = AutoModelForImageTextToText.from_pretrained(merged_dir)
@@ -160,7 +160,7 @@ def test_lora_adapter_loads_from_anywhere_and_merges(tiny_model_dir, synthetic_d
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
         assert torch.allclose(merged(input_ids=ids).logits, with_adapter(input_ids=ids).logits, atol=1e-4)
-    again = subprocess.run([sys.executable, "-m", "train.merge_lora", str(moved), "--out", str(merged_dir)],
+    again = forked_python.run([sys.executable, "-m", "train.merge_lora", str(moved), "--out", str(merged_dir)],
                            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert again.returncode == 2 and "not empty" in again.stderr
 
@@ -177,7 +177,7 @@ sections:
 
 
 def run_suite(*args, env=None):
-    result = subprocess.run([sys.executable, "-m", "eval", "suite", *map(str, args)], cwd=ROOT, capture_output=True,
+    result = forked_python.run([sys.executable, "-m", "eval", "suite", *map(str, args)], cwd=ROOT, capture_output=True,
                             text=True, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result
@@ -244,7 +244,7 @@ def test_suite_evaluates_resumes_and_pushes_model_index(tiny_model_dir, syntheti
 def test_suite_refuses_bad_config(tmp_path):
     config = tmp_path / "suite.yaml"
     config.write_text(SUITE.replace("spatialtrust:", "spatial_trust:"))
-    result = subprocess.run([sys.executable, "-m", "eval", "suite", "--config", str(config), "--model", "m",
+    result = forked_python.run([sys.executable, "-m", "eval", "suite", "--config", str(config), "--model", "m",
                              "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "sections.spatial_trust" in result.stderr
     assert not (tmp_path / "out").exists()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 from safetensors.torch import load_file
 from test_train_methods import launch
@@ -63,7 +64,7 @@ def test_cpu_2proc_config_starts_two_gloo_ranks(tmp_path):
                      "import torch.distributed as dist\ns = PartialState(cpu=True)\n"
                      "Path(sys.argv[1], f'rank{s.process_index}').write_text("
                      "f'{s.process_index} {s.num_processes} {s.distributed_type} {dist.get_backend()}')\n")
-    result = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+    result = forked_python.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                              str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), "--main_process_port",
                              str(free_port()), str(probe), str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -174,7 +175,7 @@ def test_deepspeed_two_processes_train_like_one(stage, overrides, tiny_model_dir
 
 def eval_launch(config, tmp_path, *argv, port=True) -> subprocess.CompletedProcess:
     launcher = ["--main_process_port", str(free_port())] if port else []
-    return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+    return forked_python.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                            str(ROOT / "accelerate_configs" / config), *launcher, "-m", "eval", *argv],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
 

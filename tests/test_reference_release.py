@@ -6,10 +6,10 @@ and the reference's bytes are gone. Counted over every live object, not over the
 """
 
 import gc
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 import torch
 from test_preference_trainers import make_trainer
@@ -100,7 +100,7 @@ def test_precompute_frees_the_reference_under_deepspeed(tmp_path):
     """DeepSpeed ZeRO-2 (one CPU process): TRL wraps the reference in its own engine; the precompute frees it too."""
     pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
     root = Path(__file__).resolve().parents[1]
-    result = subprocess.run(
+    result = forked_python.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
          str(root / "accelerate_configs" / "zero2_cpu.yaml"), str(root / "tests" / "reference_release_probe.py"),
          str(tmp_path)], cwd=root, capture_output=True, text=True, timeout=900)

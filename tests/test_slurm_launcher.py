@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,7 +16,7 @@ from slurm import expand_nodelist  # noqa: E402
 
 def dry_run(env: dict, *args) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "WANDB_RUN_GROUP", "HF_HOME"))}
-    return subprocess.run([sys.executable, "launch/slurm.py", "--dry-run", *args, "train/nca_p.py",
+    return forked_python.run([sys.executable, "launch/slurm.py", "--dry-run", *args, "train/nca_p.py",
                            "recipes/nca_p.yaml", "--run_name", "ncap"], cwd=ROOT, env={**base, **env},
                           capture_output=True, text=True)
 

@@ -3,6 +3,7 @@
 import json
 import shutil
 
+import forked_python
 import pytest
 
 from cli.errors import InputError
@@ -179,7 +180,6 @@ def test_missing_image(tmp_path, synthetic_dir, items):
 
 
 def test_entry_script_exits_2_with_one_line(tmp_path, synthetic_dir, tiny_model_dir, items):
-    import subprocess
     import sys
     from pathlib import Path
 
@@ -187,7 +187,7 @@ def test_entry_script_exits_2_with_one_line(tmp_path, synthetic_dir, tiny_model_
     broken[0]["label"] = "a999_mystery"
     data = _write(tmp_path, broken)
     root = Path(__file__).resolve().parents[1]
-    result = subprocess.run(
+    result = forked_python.run(
         [sys.executable, str(root / "train" / "sft.py"), str(root / "recipes/demo/sft.yaml"), "--model_name_or_path",
          str(tiny_model_dir), "--train_data_path", str(data), "--image_folder", str(synthetic_dir),
          "--output_dir", str(tmp_path / "out")],

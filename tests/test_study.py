@@ -2,10 +2,10 @@
 and key, a second run reuses every finished run, and a run with other settings is refused."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ TRAIN_ARGS = ["--train-args", "--logging_steps", "1", "--per_device_train_batch_
 
 def run_study(out, *extra):
     command = [sys.executable, "-m", "train.study", "--out", str(out), *SHORT, *extra, *TRAIN_ARGS]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    return forked_python.run(command, cwd=ROOT, capture_output=True, text=True)
 
 
 def test_study_end_to_end_and_reuse(tmp_path):

@@ -5,10 +5,10 @@ few steps): the files, the validation split, reuse and refusal of other settings
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_python
 import pytest
 
 from eval.general.synthetic import breakdown
@@ -92,7 +92,7 @@ TRAIN_ARGS = ["--train-args", "--logging_steps", "1", "--per_device_train_batch_
 
 def run_study(out, *extra, env=None):
     command = [sys.executable, "-m", "train.study", "--out", str(out), *SHORT, *extra, *TRAIN_ARGS]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    return forked_python.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 
 @pytest.mark.slow
@@ -175,7 +175,7 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     config.write_text(kept)
     for refused in (run_study(out, "--lr-factors", "1"), other_pins):
         assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [error]
-    quick = subprocess.run([sys.executable, "-m", "train.study", "--out", str(out), "--seeds", "0"], cwd=ROOT,
+    quick = forked_python.run([sys.executable, "-m", "train.study", "--out", str(out), "--seeds", "0"], cwd=ROOT,
                            capture_output=True, text=True)
     assert quick.returncode == 2 and quick.stderr.strip().splitlines() == [error]
 

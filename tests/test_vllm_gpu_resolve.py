@@ -44,4 +44,4 @@ def test_the_check_and_the_install_read_the_same_pins():
     gpu_install = re.search(r"^\$\(VLLM_VENV\)/\.installed-gpu:\n((?:\t.*\n)+)", makefile, re.M).group(1)
     assert "$(VLLM_PIP) $(VLLM_GPU_PINS) $(VLLM_PROJECT_DEPS)" in gpu_install
     assert re.findall(r'"vllm==[^"]*"', makefile) == ['"vllm==0.33.0"']  # written once: VLLM_GPU_PINS
-    assert re.search(r"^time make vllm-gpu-resolve$", (ROOT / ".ci" / "run").read_text(), re.M)
+    assert re.search(r"^step vllm-gpu-resolve make vllm-gpu-resolve$", (ROOT / ".ci" / "run").read_text(), re.M)
