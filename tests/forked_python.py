@@ -1,4 +1,4 @@
-"""`python SCRIPT ARGS` and `python -m MODULE ARGS` for the tests, without paying for the interpreter's start and
+"""`python SCRIPT ARGS`, `python -m MODULE ARGS` and `python -c CODE ARGS` for the tests, without paying for the interpreter's start and
 the heavy imports at every command (4-5 s each for torch, transformers, TRL, datasets, accelerate, PEFT).
 
 A server process imports those libraries once and forks a child per command. The child becomes what a fresh
@@ -28,7 +28,8 @@ PRELOAD = ("torch", "transformers", "trl", "trl.trainer.dpo_trainer", "trl.train
            "safetensors.torch", "tqdm", "matplotlib", "matplotlib.pyplot")
 # Variables read when those libraries are imported: a command that sets them differently needs a fresh interpreter.
 IMPORT_TIME = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "DATASETS", "TOKENIZERS", "TORCH", "OMP_", "MKL", "KMP",
-               "OPENBLAS", "PYTHON", "ACCELERATE", "WANDB", "TRL", "CUDA", "VLLM", "XDG_", "HOME", "MPL", "TQDM")
+               "OPENBLAS", "DNNL", "ONEDNN", "ATEN", "LD_", "MALLOC", "PYTHON", "ACCELERATE", "WANDB", "TRL", "CUDA",
+               "VLLM", "XDG_", "HOME", "MPL", "TQDM")
 
 
 def _import_time_env(env: dict) -> dict:
@@ -69,6 +70,11 @@ def _child(request: dict, fresh_path: list[str]) -> int:
             sys.argv = [target, *args]  # runpy puts the module's file in argv[0]
             sys.path[:] = [os.getcwd(), *fresh_path]
             runpy.run_module(target, run_name="__main__", alter_sys=True)
+        elif kind == "code":
+            sys.argv = ["-c", *args]
+            sys.path[:] = ["", *fresh_path]
+            main = sys.modules["__main__"] = type(sys)("__main__")
+            exec(compile(target, "<string>", "exec"), main.__dict__)
         else:
             sys.argv = [target, *args]
             sys.path[:] = [os.path.dirname(os.path.abspath(target)), *fresh_path]
@@ -178,10 +184,11 @@ def _server_for(env: dict) -> _Server | None:
 
 
 def _split(argv: list[str]) -> tuple[str, str, list[str]] | None:
-    """(kind, target, args) of `python SCRIPT ...` / `python -m MODULE ...`; None for anything else."""
+    """(kind, target, args) of `python SCRIPT ...` / `python -m MODULE ...` / `python -c CODE ...`; None for
+    anything else."""
     if len(argv) >= 2 and argv[0] == sys.executable:
-        if argv[1] == "-m" and len(argv) >= 3:
-            return "module", argv[2], argv[3:]
+        if argv[1] in ("-m", "-c") and len(argv) >= 3:
+            return {"-m": "module", "-c": "code"}[argv[1]], argv[2], argv[3:]
         if not argv[1].startswith("-"):
             return "script", argv[1], argv[2:]
     return None

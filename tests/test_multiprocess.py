@@ -33,8 +33,9 @@ def two_processes(script, recipe, tiny_model_dir, synthetic_dir, out, *overrides
 
 
 def one_process(script, recipe, tiny_model_dir, synthetic_dir, out, *overrides):
+    """The reference: `python train/SCRIPT.py` in one process (the launcher is what the two-process side tests)."""
     return launch(script, recipe, tiny_model_dir, synthetic_dir, out, "--per_device_train_batch_size", "4",
-                  *overrides)
+                  *overrides, accelerate=False)
 
 
 def assert_same_history(a: list[dict], b: list[dict]) -> None:
@@ -65,8 +66,8 @@ def test_cpu_2proc_config_starts_two_gloo_ranks(tmp_path):
                      "Path(sys.argv[1], f'rank{s.process_index}').write_text("
                      "f'{s.process_index} {s.num_processes} {s.distributed_type} {dist.get_backend()}')\n")
     result = forked_python.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                             str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), "--main_process_port",
-                             str(free_port()), str(probe), str(tmp_path)], capture_output=True, text=True, timeout=300)
+                                str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), "--main_process_port",
+                                str(free_port()), str(probe), str(tmp_path)], timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     ranks = [(tmp_path / f"rank{i}").read_text() for i in range(2)]
     assert ranks == ["0 2 DistributedType.MULTI_CPU gloo", "1 2 DistributedType.MULTI_CPU gloo"]
@@ -173,11 +174,10 @@ def test_deepspeed_two_processes_train_like_one(stage, overrides, tiny_model_dir
     assert max((sa[k] - sb[k]).abs().max().item() for k in sb) < TOL
 
 
-def eval_launch(config, tmp_path, *argv, port=True) -> subprocess.CompletedProcess:
-    launcher = ["--main_process_port", str(free_port())] if port else []
+def eval_launch(config, tmp_path, *argv) -> subprocess.CompletedProcess:
     return forked_python.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                           str(ROOT / "accelerate_configs" / config), *launcher, "-m", "eval", *argv],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+                              str(ROOT / "accelerate_configs" / config), "--main_process_port", str(free_port()),
+                              "-m", "eval", *argv], cwd=ROOT, timeout=900)
 
 
 @pytest.mark.parametrize("benchmark", ["spy", "spatialtrust"])
@@ -200,7 +200,8 @@ def test_data_parallel_generation_writes_the_one_process_file(benchmark, tiny_mo
                     "--backend", "hf", "--model", str(tiny_model_dir), "--batch-size", "4", "--max-new-tokens", "6",
                     "--out", str(out)]
         outputs = ("run.jsonl", "run.run.jsonl")
-    one = eval_launch("cpu.yaml", tmp_path, *argv(tmp_path / "one" / "run.jsonl"), port=False)
+    one = forked_python.run([sys.executable, "-m", "eval", *argv(tmp_path / "one" / "run.jsonl")], cwd=ROOT,
+                            timeout=900)  # the reference, one plain process
     assert one.returncode == 0, one.stderr[-3000:]
     two = eval_launch("cpu_2proc.yaml", tmp_path, *argv(tmp_path / "two" / "run.jsonl"))
     assert two.returncode == 0, two.stderr[-3000:]
