@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from cli import secrets
-from cli.errors import InputError, new_file_mode, read_text, unwritable
+from cli.errors import InputError, new_file_mode, parse_json, read_text, unwritable
 from store import locks
 from store.processes import is_main_process
 
@@ -42,12 +42,7 @@ def _parse_lines(path, lines, required: Iterable[str] = (), first: int = 1, numb
     for lineno, line in enumerate(lines, first):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InputError(path, lineno, None, f"not valid JSON ({err.msg})") from None
-        except RecursionError:
-            raise InputError(path, lineno, None, "nested too deeply") from None
+        record = parse_json(line, path, lineno)
         if not isinstance(record, dict):
             raise InputError(path, lineno, None, "expected a JSON object")
         if lineno == 1 and list(record) == [HEADER] and isinstance(record[HEADER], dict):
@@ -167,8 +162,8 @@ class RunFile:
         header, records = _parse_lines(self.path, lines, numbers=numbers)
         if tail.strip():
             try:
-                last = json.loads(tail)
-            except (json.JSONDecodeError, RecursionError):
+                last = parse_json(tail, self.path)
+            except InputError:  # torn by a kill (or not ours: said below)
                 last = None
             if isinstance(last, dict) and self.key in last:
                 records.append(last)

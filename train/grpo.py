@@ -36,7 +36,6 @@ from train.common import (  # noqa: E402
 )
 from train.rewards import JudgeSettings, VerdictJudge, make_reward_funcs  # noqa: E402
 
-
 # GRPO's options that take one of a few words (TRL 1.16's GRPOConfig; an unknown one failed mid-training). Their
 # numbers have ranges in train/common.py's TRAINING_RULES, checked when the recipe is parsed.
 CHOICES = {

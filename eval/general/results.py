@@ -252,7 +252,7 @@ def find_result(directory, benchmark: str) -> Path:
 
 def _json_field(path: Path, field: str):
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = read_json(path)
+    except InputError:  # not a result file: left for the next candidate
         return None
     return data.get(field) if isinstance(data, dict) else None
