@@ -144,8 +144,8 @@ def write_site(rows: list[dict], run_names: list[str], out, title: str = "privac
             "categories": category_names(shown), "sections": list(dict.fromkeys(r["section"] for r in shown)),
             "benches": list(dict.fromkeys(r["bench"] for r in shown))}
     page = (ASSETS / "index.html").read_text(encoding="utf-8").replace("{{title}}", _escape(safe_text(title)))
-    made = [prepare_images(path, out / "img")
-            for path in tqdm(sources, desc="thumbnails", disable=not progress, mininterval=1.0)]
+    with tqdm(sources, desc="thumbnails", disable=not progress, mininterval=1.0) as bar:  # closed before an error
+        made = [prepare_images(path, out / "img") for path in bar]
     claim_folder(out, COMMAND, own=SITE_FILES if out.is_dir() and _viewer_before_markers(out) else ())
     table = [dict(zip(("thumb", "full"), write_images(m))) for m in made]
     for name, text in texts.items():
