@@ -4,11 +4,12 @@
 `hub_token`, ...), a value equal to a secret the process knows, a value shaped like a provider key, or a URL with a
 key parameter; the error names the variable to set instead. `refuse_on_command_line` refuses the same on a command
 line (where every process of the machine can read it), and `variable_problem` / `endpoint_problem` check what
-names a key's variable (an identifier, never the key) and an endpoint (an http(s) URL without credentials). `redact` is the one redaction step: it replaces every secret value known to
-the process (the values of environment variables named like keys, and of any variable a client was told to read
-its key from, `register`) and the key parameters of URLs (`?key=...`) with `<redacted VAR>`. Everything written
-goes through it (store.runs' writers and run files), and `guard_streams` puts it in front of stdout and stderr,
-so prints, log lines, progress bars and tracebacks are covered too.
+names a key's variable (an identifier, never the key) and an endpoint (an http(s) URL without credentials).
+`redact` is the one redaction step: it replaces every secret value known to the process (the values of environment
+variables named like keys, and of any variable a client was told to read its key from, `register`) and the key
+parameters of URLs (`?key=...`) with `<redacted VAR>`. Everything written goes through it (store.runs' writers and
+run files), and `guard_streams` puts it in front of stdout and stderr, so prints, log lines, progress bars and
+tracebacks are covered too.
 """
 
 from __future__ import annotations

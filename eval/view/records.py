@@ -337,6 +337,7 @@ def suite_rows(folder, given: dict | None = None) -> dict:
     for name in ("spy", "geo", "spatialtrust"):
         if not isinstance(sections.get(name) or {}, dict):
             raise InputError(source, None, f"sections.{name}", "expected an object of setting -> scores")
+
     def run_file(section: str, setting, name: str) -> Path:
         """A run file of the suite: named by a setting of its results.json, so it must really lie in the folder."""
         return inside(folder, f"{section}/{setting}/{name}", source, None, f"sections.{section}.{setting}",
