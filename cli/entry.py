@@ -30,7 +30,14 @@ OS_FAILURES = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk 
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser; a bad or missing option is InputError (one line, exit 2), not usage + message."""
+    """argparse's parser; a bad or missing option is InputError (one line, exit 2), not usage + message, and so is
+    a value that holds a key (cli.secrets: keys come from the environment only)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        from cli.secrets import refuse_on_command_line
+
+        refuse_on_command_line(sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(args, namespace)
 
     def error(self, message):
         raise InputError("command line", None, None, message.removeprefix("argument "))

@@ -85,18 +85,28 @@ def _unique_keys(pairs):
     return obj
 
 
-def read_json(path):
-    """A whole JSON file; a missing file, bad JSON or a key given twice in one object raises InputError naming the
-    file (and the line)."""
-    text = read_text(path)
+class NotJSON(InputError):
+    """Text that is not valid JSON (parse_json): a reader that also takes another format may try that instead."""
+
+
+def parse_json(text: str, path, line=None, unique_keys: bool = False):
+    """The one JSON parser of what users give (data, run and result files, caches, a line of JSON Lines): bad JSON
+    (NotJSON), nesting deeper than Python's recursion limit (a 100,000-deep array) and, with `unique_keys`, a key
+    given twice in one object raise InputError naming `path` and the line (`line`, for one line of a file)."""
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        return json.loads(text, object_pairs_hook=_unique_keys if unique_keys else None)
     except json.JSONDecodeError as err:
-        raise InputError(path, err.lineno, None, f"not valid JSON ({err.msg})") from None
+        raise NotJSON(path, err.lineno if line is None else line, None, f"not valid JSON ({err.msg})") from None
     except _DuplicateKey as err:
-        raise InputError(path, None, str(err), "appears twice in one object") from None
+        raise InputError(path, line, str(err), "appears twice in one object") from None
     except RecursionError:
-        raise InputError(path, None, None, "nested too deeply") from None
+        raise InputError(path, line, None, "nested too deeply") from None
+
+
+def read_json(path):
+    """A whole JSON file; a missing file, bad JSON, too deep a nesting or a key given twice in one object raises
+    InputError naming the file (and the line)."""
+    return parse_json(read_text(path), path, unique_keys=True)
 
 
 def read_text(path) -> str:

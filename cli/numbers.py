@@ -43,7 +43,7 @@ class Rule:
 
     def problem(self, value) -> str | None:
         """Why `value` (already a number) is out of range, or None."""
-        if not math.isfinite(value):
+        if not finite(value):
             return f"must be a finite number, got {value}"
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)) \
                 or self.high is not None and (value > self.high or (self.high_open and value == self.high)):
@@ -61,6 +61,15 @@ class Rule:
             return float(text)
         except ValueError:
             raise ValueError(f"expected a number, got {text!r}") from None
+
+
+def finite(value) -> bool:
+    """Whether a number is finite as a float: nan, inf and an integer past a float's range (a JSON 10**400, which
+    math.isfinite cannot even convert) are not."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def whole(at_least: int | None = None, at_most: int | None = None) -> Rule:

@@ -24,7 +24,7 @@ import json
 import re
 from pathlib import Path
 
-from cli.errors import InputError, check_image, read_text
+from cli.errors import InputError, check_image, parse_json, read_text
 from cli.paths import inside
 from data_prep.categories import as_categories, template_problem
 from data_prep.spy import SAFE_LABEL, compose_prompt, instruction_block, own_label_problem
@@ -84,15 +84,9 @@ def load_items(path) -> list[tuple[object, dict]]:
         items = []
         for lineno, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 may sit in a string
             if line.strip():
-                try:
-                    items.append((lineno, json.loads(line)))
-                except json.JSONDecodeError as err:
-                    raise InputError(path, lineno, None, f"not valid JSON ({err.msg})") from None
+                items.append((lineno, parse_json(line, path, lineno)))
         return items
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InputError(path, err.lineno, None, f"not valid JSON ({err.msg})") from None
+    data = parse_json(text, path)
     if isinstance(data, dict):
         if not isinstance(data.get("benchmark_list"), list):
             raise InputError(path, 1, "benchmark_list", "expected a list of items")

@@ -23,6 +23,18 @@ def cache_key(model: str, prompt) -> str:
     return hashlib.sha256(json.dumps([model, prompt], ensure_ascii=False, sort_keys=True).encode()).hexdigest()
 
 
+def cache_line_problem(record: dict) -> tuple[str, str] | None:
+    """(field, problem) of a cache line that is not one `stream` writes (key, model and text strings, the prompt),
+    or None: a file that is not a judge cache (a user's JSON Lines, an edited cache) is refused when it is opened,
+    not at the first answer read from it."""
+    for field in ("key", "model", "text"):
+        if not isinstance(record.get(field), str):
+            return field, f"expected a string, got {json.dumps(record.get(field))[:60]} (not a judge cache line)"
+    if "prompt" not in record:
+        return "prompt", "missing field (not a judge cache line)"
+    return None
+
+
 def as_messages(prompt) -> list[dict]:
     """A prompt string becomes one user message; a list of messages is sent as is."""
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
@@ -37,7 +49,7 @@ class JudgeClient:
                                  max_retries=max_retries, timeout=timeout, max_tokens=max_tokens,
                                  temperature=0.0, **client_options)
         self._client: ChatClient | None = None
-        self.cache = RunFile(cache_path, key="key") if cache_path else None
+        self.cache = RunFile(cache_path, key="key", check=cache_line_problem) if cache_path else None
 
     @property
     def client(self) -> ChatClient:

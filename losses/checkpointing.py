@@ -25,7 +25,7 @@ from pathlib import Path
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from cli import log
-from cli.errors import InputError, new_file_mode
+from cli.errors import InputError, new_file_mode, read_json
 from losses.finite import FiniteTrainingMixin
 
 logger = logging.getLogger(__name__)
@@ -53,8 +53,8 @@ def is_complete_checkpoint(folder) -> bool:
     """The Trainer writes trainer_state.json last (after weights, optimizer, scheduler and RNG states): a checkpoint
     whose state file is missing or torn was cut short by a kill, and resuming from it would crash or mislead."""
     try:
-        return isinstance(json.loads((Path(folder) / "trainer_state.json").read_text(encoding="utf-8")), dict)
-    except (OSError, ValueError):
+        return isinstance(read_json(Path(folder) / "trainer_state.json"), dict)
+    except InputError:
         return False
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from cli import secrets
-from cli.errors import InputError, new_file_mode, read_text, unwritable
+from cli.errors import InputError, new_file_mode, parse_json, read_text, unwritable
 from store import locks
 from store.processes import is_main_process
 
@@ -42,12 +42,7 @@ def _parse_lines(path, lines, required: Iterable[str] = (), first: int = 1, numb
     for lineno, line in enumerate(lines, first):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InputError(path, lineno, None, f"not valid JSON ({err.msg})") from None
-        except RecursionError:
-            raise InputError(path, lineno, None, "nested too deeply") from None
+        record = parse_json(line, path, lineno)
         if not isinstance(record, dict):
             raise InputError(path, lineno, None, "expected a JSON object")
         if lineno == 1 and list(record) == [HEADER] and isinstance(record[HEADER], dict):
@@ -133,10 +128,11 @@ class RunFile:
     process: a second command on the same file stops at once, naming this one's pid. Records are redacted
     (cli.secrets) as they are written: a server error that echoes the key is stored without it."""
 
-    def __init__(self, path, key: str = "id", header: dict | None = None, new_run: bool = False):
+    def __init__(self, path, key: str = "id", header: dict | None = None, new_run: bool = False, check=None):
         self.path = Path(path)
         self.key = key
         self.header = header
+        self.check = check  # record -> (field, problem) or None: what a line of this file must be, checked at open
         self._records: dict[str, dict] = {}
         self._restart = header is not None  # write a fresh file (header line) before the first append
         self._cut: int | None = None  # byte length to truncate to (a torn tail) before the first append
@@ -162,14 +158,16 @@ class RunFile:
         text = read_text(self.path)
         complete, _, tail = text.rpartition("\n")
         lines = complete.split("\n") if complete or text.startswith("\n") else []
-        header, records = _parse_lines(self.path, lines)
+        numbers: list[int] = []
+        header, records = _parse_lines(self.path, lines, numbers=numbers)
         if tail.strip():
             try:
-                last = json.loads(tail)
-            except json.JSONDecodeError:
+                last = parse_json(tail, self.path)
+            except InputError:  # torn by a kill (or not ours: said below)
                 last = None
             if isinstance(last, dict) and self.key in last:
                 records.append(last)
+                numbers.append(len(lines) + 1)
                 self._newline = True
             elif header is None and not records:
                 # Nothing here was written by a run: the user's file, not ours to repair.
@@ -177,9 +175,12 @@ class RunFile:
                                  "not a run file (one incomplete line); choose another output path")
             else:  # a process killed mid-write left this line: that sample is simply not done
                 self._cut = len((complete + "\n").encode("utf-8"))
-        for lineno, record in enumerate(records, 2 if header is not None else 1):
+        for lineno, record in zip(numbers, records):
             if self.key not in record:
                 raise InputError(self.path, lineno, self.key, "missing field")
+            problem = self.check(record) if self.check is not None else None
+            if problem:
+                raise InputError(self.path, lineno, *problem)
         if new_run:
             self._restart = True
             return  # the existing file is ours (it parsed as one) and the user asked to start over

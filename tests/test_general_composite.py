@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from cli.errors import InputError
 from eval.__main__ import main
 from eval.general import composite, results
 
@@ -71,6 +72,20 @@ def test_composite_from_lmms_eval_results_and_reference_spy_metrics(tmp_path):
     # The same file given per benchmark.
     code, out = run_composite(tmp_path, "--spy", str(spy), "--mmmu", str(lmms), "--ocrbench", str(lmms), "--mme", str(lmms))
     assert json.loads(out.read_text())["general"] == pytest.approx(70.0)
+
+
+def test_an_lmms_eval_file_from_before_the_perception_key_was_renamed(tmp_path):
+    """lmms-eval before 2024-11-05 wrote MME's perception score as `mme_percetion_score` (issue 39 item 12)."""
+    from eval.general.results import read_result
+
+    path = tmp_path / "20241001_results.json"
+    path.write_text(json.dumps({"results": {"mme": {"mme_percetion_score,none": 1500.0,
+                                                    "mme_cognition_score,none": 600.0}}}))
+    result = read_result(path, "mme")
+    assert result["value"] == 2100.0 and result["parts"] == {"perception": 1500.0, "cognition": 600.0}
+    path.write_text(json.dumps({"results": {"mme": {"mme_cognition_score,none": 600.0}}}))
+    with pytest.raises(InputError, match=r"results\.mme\.mme_perception_score,none: missing"):
+        read_result(path, "mme")
 
 
 def test_explicit_file_overrides_the_directory(tmp_path):

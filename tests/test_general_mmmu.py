@@ -91,6 +91,14 @@ def test_vlmevalkit_multiple_choice(response, letter, hit):
     assert mmmu.judge_vlmevalkit(rec("B", response)) == (letter, hit)
 
 
+def test_vlmevalkit_reads_no_letter_from_a_failed_api_answer():
+    """VLMEvalKit's can_infer_option gives up on its "Failed to obtain answer via API" marker (issue 39 item 11):
+    no letter is read from it; only the option-text pass runs, as there."""
+    failed = "Failed to obtain answer via API. B"
+    assert mmmu.judge_vlmevalkit(rec("B", failed)) == ("Z", False)
+    assert mmmu.judge_vlmevalkit(rec("B", failed, options=("via api", "$7"))) == ("A", False)  # its text pass
+
+
 @pytest.mark.parametrize("response,hit", [
     ("42", True),
     ("The angle is 42 degrees.", True),
@@ -129,10 +137,24 @@ def test_official_multiple_choice():
     assert mmmu.judge_official(rec("B", "I pick B."), rng) == ("B", True)
     # Option text counts only in responses of more than 5 words.
     assert mmmu.judge_official(rec("B", "The price shown is $7 per unit"), rng) == ("B", True)
-    # Nothing found: a guess from the options, seeded with 42 over the whole run.
+    # Nothing found: a guess from the options, seeded with 42 for each split.
     guess = random.Random(42).choice(["A", "B", "C"])
     scored = mmmu.score([rec("B", "$7")], profile="official")
     assert scored["items"][0]["extracted"] == guess
+
+
+def test_official_validation_guesses_do_not_depend_on_the_dev_records_in_the_file():
+    """The official script scores validation on its own, seeded with 42 (issue 39 item 10): dev records with
+    unreadable answers (each a random guess) before them leave validation's verdicts as they are alone."""
+    validation = [rec("B", "no idea", id=f"v{n}") for n in range(40)]
+    dev = [rec("C", "unsure", split="dev", subject="Physics", id=f"d{n}") for n in range(7)]
+    alone = mmmu.score(validation, profile="official")
+    mixed = mmmu.score([*dev[:4], *validation[:20], *dev[4:], *validation[20:]], profile="official")
+    guesses = [j["extracted"] for j in alone["items"]]
+    assert [j["extracted"] for j in mixed["items"] if j["split"] == "validation"] == guesses
+    rng = random.Random(42)
+    assert guesses == [rng.choice(["A", "B", "C"]) for _ in validation]  # the official seed, from validation's start
+    assert mixed["score"] == alone["score"]
 
 
 def test_score_splits_subjects_disciplines():

@@ -15,6 +15,7 @@
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,13 +24,16 @@ import forked_python
 import pytest
 import torch
 from chat_server import ChatServer, Reply, last_user_text
+from hardening_checks import assert_one_line, snapshot
 from peft import LoraConfig
+from test_hardening_runtime import in_process
 from test_preference_trainers import perturb
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from data_prep.spy_tune import build_dataset
 from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer
 from losses.rewards import answer_match, compliance, helpfulness_score
+from train import grpo
 from train.rewards import JudgeSettings, VerdictJudge, make_reward_funcs
 from train.tiny_model import FAMILIES
 from vlm.families import supports_packing
@@ -306,24 +310,131 @@ def run_grpo(*args, cwd=ROOT):
                            *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (("--reward_funcs", "privacy_complience"), "reward_funcs: unknown reward 'privacy_complience' (did you mean"),
-    (("--reward_weights", "1.0"), "reward_weights: 1 weights for 2 rewards"),
-    (("--reward_weights", "1.0", "-1"), "reward_weights: expected finite weights >= 0"),
-    (("--judge_base_url", "localhost:8000", "--judge", "gpt-4o"), "judge_base_url: expected an http(s):// URL"),
-    (("--judge_concurrency", "0"), "judge_concurrency: must be >= 1"),
-    (("--max_missing_reward_share", "1.5"), "max_missing_reward_share: must be in [0, 1]"),
-    (("--general_fraction", "0.3"), "general_fraction > 0 and general_data_path go together"),
-    (("--judge", "gpt-4o", "--judge_api_key_env", "NO_SUCH_KEY_I33"), "NO_SUCH_KEY_I33: not set"),
-], ids=["name", "weights-count", "weights-negative", "judge-url", "judge-concurrency", "missing-share",
-        "general-mix", "judge-key"])
-def test_bad_grpo_settings_are_one_line_before_the_model_loads(overrides, message, tmp_path):
-    result = run_grpo("--model_name_or_path", str(tmp_path / "no-such-model"), "--output_dir", str(tmp_path / "o"),
-                      *overrides, cwd=tmp_path)
-    assert result.returncode == 2, result.stderr[-2000:]
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and message in lines[0], lines
-    assert "Traceback" not in result.stderr and not (tmp_path / "o").exists()
+KEY = "sk-i39" + "abcdefghijklmnopqrstuv"  # shaped like a provider key: refused wherever it is given
+BAD_SETTINGS = [  # (id, options after the demo recipe, what the one line says)
+    ("name", ("--reward_funcs", "privacy_complience"), "reward_funcs: unknown reward 'privacy_complience' (did you mean"),
+    ("weights-count", ("--reward_weights", "1.0"), "reward_weights: 1 weights for 2 rewards"),
+    ("weights-negative", ("--reward_weights", "1.0", "-1"), "reward_weights: expected finite weights >= 0"),
+    ("judge-url", ("--judge_base_url", "localhost:8000", "--judge", "gpt-4o"),
+     "judge_base_url: expected an http(s):// URL"),
+    ("judge-concurrency", ("--judge_concurrency", "0"), "command line: judge_concurrency: must be at least 1, got 0"),
+    ("missing-share", ("--max_missing_reward_share", "1.5"), "max_missing_reward_share: must be in [0, 1]"),
+    ("general-mix", ("--general_fraction", "0.3"), "general_fraction > 0 and general_data_path go together"),
+    ("judge-key", ("--judge", "gpt-4o", "--judge_api_key_env", "NO_SUCH_KEY_I33"), "NO_SUCH_KEY_I33: not set"),
+    # issue 39 item 2: GRPO's numbers, one table (train/common.py TRAINING_RULES), checked before the config is built
+    ("num-generations-0", ("--num_generations", "0"), "command line: num_generations: must be at least 2, got 0"),
+    ("temperature-0", ("--temperature", "0"), "temperature: must be > 0, got 0.0"),
+    ("temperature-negative", ("--temperature", "-1"), "temperature: must be > 0, got -1.0"),
+    ("completion-length-0", ("--max_completion_length", "0"), "max_completion_length: must be at least 1, got 0"),
+    ("top-k-negative", ("--top_k", "-1"), "top_k: must be at least 0, got -1"),
+    ("repetition-penalty-0", ("--repetition_penalty", "0"), "repetition_penalty: must be > 0, got 0.0"),
+    ("steps-per-generation-0", ("--steps_per_generation", "0"), "steps_per_generation: must be at least 1, got 0"),
+    ("generation-batch-0", ("--generation_batch_size", "0"), "generation_batch_size: must be at least 1, got 0"),
+    ("top-p-0", ("--top_p", "0"), "top_p: must be in (0, 1], got 0.0"),
+    ("top-p-above-1", ("--top_p", "1.5"), "top_p: must be in (0, 1], got 1.5"),
+    ("epsilon-negative", ("--epsilon", "-0.2"), "epsilon: must be >= 0, got -0.2"),
+    ("num-iterations-0", ("--num_iterations", "0"), "num_iterations: must be at least 1, got 0"),
+    ("loss-type", ("--loss_type", "grpoo"), "loss_type: unknown value 'grpoo' (did you mean grpo?); known: grpo,"),
+    ("scale-rewards", ("--scale_rewards", "std"), "scale_rewards: unknown value 'std'; known: group, batch, none"),
+    ("judge-url-malformed", ("--judge", "gpt-4o", "--judge_base_url", "http://[::1/v1"),
+     "judge_base_url: not a valid URL"),
+    # issue 39 item 9: TRL's own check names the option the command line set, not the recipe
+    ("indivisible", ("--num_generations", "3"),
+     "command line: num_generations: generation_batch_size (8) must be divisible by num_generations (3)"),
+    # issue 39 item 1: keys never on the command line (they would be saved in every checkpoint and training_args.bin)
+    ("key-as-variable", ("--judge_api_key_env", KEY), "command line: --judge_api_key_env: holds a key"),
+    ("key-in-url", ("--judge_base_url", "http://judge.example/v1?key=plain-secret-i39"),
+     "command line: --judge_base_url: holds a key"),
+    ("credentials-in-url", ("--judge", "gpt-4o", "--judge_base_url", "http://me:plain-secret-i39@judge.example/v1"),
+     "command line: judge_base_url: carries credentials"),
+    ("variable-not-a-name", ("--judge_api_key_env", "my key"), "judge_api_key_env: expected the name of an environment"),
+    # issue 39 item 3: the judge cache is a claimed output
+    ("cache-is-the-card", ("--judge_cache", "{out}/README.md"), "judge_cache: expected a .jsonl file"),
+    ("cache-elsewhere", ("--judge_cache", "/proc/self/judge_cache.jsonl"), "judge_cache: /proc/self/judge_cache.jsonl is "
+     "neither in output_dir"),
+    ("cache-under-a-file", ("--judge_cache", "{tmp}/notes.txt/judge_cache.jsonl"), "is neither in output_dir"),
+    ("cache-is-an-input", ("--judge_cache", "{tmp}/train.jsonl", "--train_data_path", "{tmp}/train.jsonl"),
+     "judge_cache: {tmp}/train.jsonl: is also an input of this command"),
+]
+
+
+def grpo_in_process(monkeypatch, tmp_path, *overrides):
+    """train/grpo.py's main through the command-line wrapper, in this process (the refusals come before any model
+    loads, so no launch is needed): the demo recipe, a model that does not exist, output in tmp_path/o."""
+    monkeypatch.chdir(tmp_path)
+    overrides = [str(o).format(out=tmp_path / "o", tmp=tmp_path) for o in overrides]
+    monkeypatch.setattr(sys, "argv", ["train/grpo.py", str(ROOT / "recipes" / "demo" / "grpo.yaml"),
+                                      "--model_name_or_path", str(tmp_path / "no-such-model"),
+                                      "--output_dir", str(tmp_path / "o"), *overrides])
+    return in_process(grpo.main)
+
+
+def assert_refused(result, message, tmp_path, before=None):
+    assert_one_line(result, message)
+    assert "plain-secret-i39" not in result.stderr and KEY not in result.stderr
+    assert snapshot(tmp_path) == (before or {}) and not (tmp_path / "o").exists()  # nothing written
+
+
+@pytest.mark.parametrize("overrides,message", [c[1:] for c in BAD_SETTINGS], ids=[c[0] for c in BAD_SETTINGS])
+def test_bad_grpo_settings_are_one_line_before_the_model_loads(overrides, message, tmp_path, monkeypatch):
+    (tmp_path / "notes.txt").write_text("mine")
+    before = snapshot(tmp_path)
+    result = grpo_in_process(monkeypatch, tmp_path, *overrides)
+    assert_refused(result, message.format(tmp=tmp_path), tmp_path, before)
+
+
+def test_a_bad_grpo_number_in_the_recipe_names_the_recipe(tmp_path, monkeypatch):
+    recipe = tmp_path / "grpo.yaml"
+    recipe.write_text((ROOT / "recipes" / "demo" / "grpo.yaml").read_text().replace("num_generations: 4",
+                                                                                   "num_generations: 0"))
+    monkeypatch.setattr(sys, "argv", ["train/grpo.py", str(recipe)])
+    result = in_process(grpo.main)
+    assert_one_line(result, f"{recipe}: num_generations: must be at least 2, got 0")
+
+
+@pytest.mark.parametrize("lines,message", [
+    (['{"id": 1, "text": "my notes"}'], "mine.jsonl:1: key: missing field"),
+    (['{"key": "k", "note": "mine"}'], "mine.jsonl:1: model: expected a string, got null (not a judge cache line)"),
+], ids=["no-key", "not-ours"])
+def test_a_users_jsonl_is_never_taken_as_the_judge_cache(lines, message, tmp_path, monkeypatch):
+    """Issue 39 item 3: a file beside the run that is not a judge cache is refused when the judge opens it, before
+    the model loads and before anything is sent or appended."""
+    (tmp_path / "mine.jsonl").write_text("\n".join(lines) + "\n")
+    before = snapshot(tmp_path)
+    result = grpo_in_process(monkeypatch, tmp_path, "--judge", "gpt-4o", "--judge_base_url",
+                             "http://127.0.0.1:9/v1", "--judge_cache", tmp_path / "mine.jsonl")
+    assert_refused(result, message, tmp_path, before)
+
+
+def test_a_corrupt_judge_cache_is_one_line_at_start(tmp_path, monkeypatch):
+    """Issue 39 item 4: a resumed run's cache with a line that is not what the judge writes (`"text": 5`) stops the
+    run before the model loads, naming the file and the line (it was an AttributeError mid-training)."""
+    from eval.judge import cache_key
+
+    out = tmp_path / "o"
+    out.mkdir()
+    good = {"key": cache_key("gpt-4o", "p"), "model": "gpt-4o", "prompt": "p", "text": "reject"}
+    (out / "judge_cache.jsonl").write_text(json.dumps(good) + "\n" + json.dumps({**good, "key": "k2", "text": 5}) + "\n")
+    before = snapshot(tmp_path)
+    result = grpo_in_process(monkeypatch, tmp_path, "--judge", "gpt-4o", "--judge_base_url", "http://127.0.0.1:9/v1")
+    assert_one_line(result, f"{out / 'judge_cache.jsonl'}:2: text: expected a string, got 5")
+    assert snapshot(tmp_path) == before
+
+
+def test_grpo_reads_a_verdict_as_a_word_and_spy_judge_as_the_reference_does(tmp_path):
+    """Issue 39 item 5: an answer that names no verdict ("corresponds" holds "respond") is no verdict for GRPO's
+    reward (a missing reward), through a real local judge; `spy judge` keeps the SPY reference's substring reading,
+    so its metrics stay those of the published numbers."""
+    from eval.spy.prompts import parse_verdict, verdict_word
+
+    answers = ["The answer corresponds to neither option.", "Output: respond", "reject", "It does not respond; reject.",
+               "Responds.", "The answer is unrejectable"]
+    assert [verdict_word(a) for a in answers] == [None, "respond", "reject", "reject", None, None]
+    assert [parse_verdict(a) for a in answers] == ["respond", "respond", "reject", "reject", "respond", "reject"]
+    with ChatServer(lambda request: answers[int(re.search(r"answer #(\d)", last_user_text(request))[1])]) as server:
+        judge = VerdictJudge(JudgeSettings(judge="test-model", base_url=server.base_url, max_retries=0))
+        found = judge.verdicts(["a25_nationality"] * 3, ["Where is this?"] * 3, [f"answer #{n}" for n in range(3)])
+    assert found == [None, "respond", "reject"]
 
 
 @pytest.fixture(scope="module")

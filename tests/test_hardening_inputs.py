@@ -581,6 +581,75 @@ def test_deeply_nested_input_is_one_line_not_a_crash(tmp_path, name, text):
         reader(path)
 
 
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("case", ["spy-items-json", "spy-items-jsonl", "view-run-file", "general-dir"])
+def test_every_reader_of_a_users_json_refuses_deep_nesting_in_one_line(tmp_path, capsys, case):
+    """Issue 39 item 8: `eval spy generate --items deep.json` was a RecursionError traceback; every JSON and JSON
+    Lines reader of user files goes through one guarded loader (cli.errors.parse_json)."""
+    from eval.__main__ import main
+
+    deep = tmp_path / ("deep.jsonl" if case == "spy-items-jsonl" else "deep.json")
+    deep.write_text(DEEP + "\n")
+    spy = ["spy", "generate", "--images", tmp_path, "--out", tmp_path / "out.jsonl", "--model", "m", "--backend",
+           "openai", "--base-url", "http://127.0.0.1:9/v1", "--items", deep]
+    argv, said = {"spy-items-json": (spy, f"{deep}: nested too deeply"),
+                  "spy-items-jsonl": (spy, f"{deep}:1: nested too deeply"),
+                  "view-run-file": (["view", deep, "--out", tmp_path / "view"], f"{deep}: nested too deeply"),
+                  "general-dir": (["composite", "--spy", tmp_path / "spy.json", "--general-dir", tmp_path / "general",
+                                   "--out", tmp_path / "c.json"], "general: no MMMU val result file")}[case]
+    if case == "general-dir":  # a deep file where result files are looked for: not a result file, and no crash
+        (tmp_path / "spy.json").write_text(json.dumps({"ics": 90.0, "hms": 60.0}))
+        (tmp_path / "general").mkdir()
+        deep.rename(tmp_path / "general" / "20240101_results.json")
+    before = snapshot(tmp_path)
+    assert main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err, err
+    assert snapshot(tmp_path) == before
+
+
+def test_a_checkpoint_with_a_deeply_nested_state_is_not_complete(tmp_path):
+    from losses.checkpointing import is_complete_checkpoint
+    from train.resume import recorded_settings
+
+    (tmp_path / "trainer_state.json").write_text(DEEP)
+    assert not is_complete_checkpoint(tmp_path) and recorded_settings(tmp_path) is None
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--api-key-env", CANARY], "--api-key-env"),
+    (["--base-url=http://127.0.0.1:9/v1?api_key=plain-secret-i39"], "--base-url"),
+], ids=["key-as-variable", "key-in-url"])
+def test_a_key_on_any_command_line_is_refused(tmp_path, capsys, argv, option):
+    """Issue 39 item 1, for every command: a key is never a command-line value (every `ps` shows it, and a run
+    records its settings); one line naming the option, the key nowhere."""
+    from eval.__main__ import main
+
+    write_jsonl(tmp_path / "run.jsonl", [{"id": "1", "label": "a25_nationality", "is_privacy": 1, "response": "r"}])
+    assert main(["spy", "judge", str(tmp_path / "run.jsonl"), "--judge-model", "j", "--out",
+                 str(tmp_path / "judged.jsonl"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: command line: {option}: holds a key (its value is not shown); a key is never given on " \
+                  "the command line: set it in an environment variable and name that variable instead\n"
+    assert not (tmp_path / "judged.jsonl").exists()
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("http://me:pw@judge.example/v1", "carries credentials"), ("http://[::1/v1", "not a valid URL"),
+    ("http://judge.example/v1?token=abc", "carries a key"), ("ftp://judge.example/v1", "expected an http(s):// URL"),
+    ("http:///v1", "names no host"), ("http://judge.example:99999/v1", "port 99999 is not in [1, 65535]")])
+def test_an_endpoint_carries_no_credentials_and_parses(url, problem):
+    from vlm.chat_client import ChatClient
+
+    assert problem in secrets.endpoint_problem(url)
+    with pytest.raises(InputError, match=f"endpoint options: base_url: {re.escape(problem)}"):
+        ChatClient("m", base_url=url)
+    assert secrets.endpoint_problem("http://[::1]:8000/v1") is None
+    assert secrets.variable_problem("MY_JUDGE_KEY") is None and "name of an environment" in secrets.variable_problem("a b")
+
+
 # ----------------------------------------------------------------------------------------------- issue 32: types
 def _wrong_values(schema):
     """(value, what the refusal says) for a schema leaf: a scalar where a list goes, text where a flag goes,

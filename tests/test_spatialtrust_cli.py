@@ -105,6 +105,29 @@ def test_bad_input_exits_2_naming_file_line_field_and_writes_nothing(dataset, tm
     assert not (tmp_path / "r.md").exists()
 
 
+@pytest.mark.parametrize("command", ["validate", "score"])
+def test_crafted_answers_and_image_ids_are_one_line(dataset, tmp_path, capsys, command):
+    """Issue 39 item 7: a question's answer of [["B"]] (validate) and a prediction's image_id of {"a": 1} (score)
+    were TypeErrors (unhashable); both are one line naming the file, line and field, and nothing is written."""
+    lines = dataset.read_text().splitlines()
+    if command == "validate":
+        record = json.loads(lines[1])
+        next(q for q in record["questions"] if q["qid"] == "q1")["answer"] = [["B"]]
+        path = tmp_path / "data.jsonl"
+        path.write_text("\n".join([lines[0], json.dumps(record), *lines[2:]]) + "\n")
+        assert st("validate", "--data", path, "--image-root", dataset.parent) == 2
+        needle = f"{path}:2: questions.q1.answer: expected a non-empty list of distinct option keys"
+    else:
+        path = tmp_path / "p.jsonl"
+        path.write_text(json.dumps({"image_id": "st_00000", "q1": {"choices": ["A"]}}) + "\n"
+                        + json.dumps({"image_id": {"a": 1}, "q1": {"choices": ["A"]}}) + "\n")
+        assert st("score", "--data", dataset, "--predictions", path, "--out", tmp_path / "m.json") == 2
+        needle = f"{path}:2: image_id: expected a string, got {{\"a\": 1}}"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
+    assert not (tmp_path / "m.json").exists()
+
+
 def test_a_run_file_of_another_mode_is_refused_before_any_work(dataset, tmp_path, capsys):
     run = tmp_path / "p.run.jsonl"
     run.write_text(json.dumps({"id": "st_00000", "image_id": "st_00000", "mode": "one-pass", "model": "m",

@@ -87,6 +87,11 @@ BAD = {
     "factor without name": (lambda r: _q(r, "q4")["evidence"][0].pop("factor"), "questions.q4.evidence[0].factor"),
     "wrong type": (lambda r: _q(r, "q4").update(type="single"), "questions.q4.type"),
     "no width": (lambda r: r.pop("width"), "width"),
+    # issue 39 item 7: answers that are not option keys were a TypeError (unhashable), not one line
+    "answer of objects": (lambda r: _q(r, "q2").update(answer=[{"a": 2}]), "questions.q2.answer"),
+    "answer of lists": (lambda r: _q(r, "q1").update(answer=[["B"]]), "questions.q1.answer"),
+    "coordinate past a float": (lambda r: _q(r, "q2")["evidence"][0].update(box=[0, 0, 10**400, 10]),
+                                "questions.q2.evidence[0].box"),
 }
 
 

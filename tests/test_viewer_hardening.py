@@ -169,7 +169,7 @@ def test_payloads_in_every_field_of_every_benchmark_stay_text(browser, synthetic
 
 @pytest.mark.parametrize("box", ['"/></svg><meta http-equiv="refresh" content="1;url=file:///etc/passwd">',
                                  [1, 2, "3", 4], [1, 2, 3], [True, 1, 2, 3], [1, 2, 3, float("nan")],
-                                 {"x": 1}])
+                                 {"x": 1}, [1, 2, 10**400, 4]])  # issue 39 item 7: past a float (OverflowError)
 @pytest.mark.parametrize("where", ["q4", "q2"])
 def test_box_coordinates_that_are_not_numbers_are_refused(tmp_path, capsys, box, where):
     st_data, st = st_payload_run(tmp_path)
@@ -453,7 +453,8 @@ def test_a_lone_surrogate_and_a_killed_build(browser, synthetic_dir, tmp_path, c
     page, _, errors = open_view(browser, tmp_path / "view" / "index.html")
     assert not errors and "A answers \ufffd and \ufffd" in page.inner_text("body")
     page.close()
-    # a build killed half-way (here: an image that does not decode) leaves a folder the next run rebuilds
+    # an image that does not decode is refused before the folder is touched (issue 39 item 9); a build killed
+    # half-way (its marker written first) is rebuilt by the same command
     bad = tmp_path / "images"
     shutil.copytree(synthetic_dir, bad)
     victim = bad / a[3]["image_path"]
@@ -461,8 +462,10 @@ def test_a_lone_surrogate_and_a_killed_build(browser, synthetic_dir, tmp_path, c
     assert main(run, "--images", bad, "--out", tmp_path / "half") == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]  # beside tqdm's bar
     assert len(err) == 1 and "not a readable image" in err[0], err
-    assert (tmp_path / "half" / ".privacy-align-output").is_file() and not (tmp_path / "half" / "index.html").exists()
+    assert not (tmp_path / "half").exists()
     shutil.copyfile(synthetic_dir / a[3]["image_path"], victim)
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / ".privacy-align-output").write_text('{"command": "eval view"}')
     assert main(run, "--images", bad, "--out", tmp_path / "half") == 0
     assert (tmp_path / "half" / "index.html").is_file()
 
@@ -610,7 +613,7 @@ def test_the_images_folder_goes_through_generate_and_judge(tiny_model_dir, synth
 
     work = tmp_path / "work"
     work.mkdir()
-    (work / "spy").symlink_to(synthetic_dir)
+    shutil.copytree(synthetic_dir, work / "spy")  # inside the run's folder (a link leading out would not be used)
     generate(work / "spy" / "questions.json", work / "spy", work / "gen.jsonl", model=str(tiny_model_dir),
              limit=4, progress=False, batch_size=4, max_new_tokens=2, device="cpu")
     judge(work / "gen.jsonl", work / "judged.jsonl", rule=True, progress=False)
@@ -624,3 +627,106 @@ def test_the_images_folder_goes_through_generate_and_judge(tiny_model_dir, synth
         build_view([tmp_path / "elsewhere" / "judged.jsonl"], tmp_path / "view2", progress=False)
     assert "run_header.images" in caplog.text and "not used; pass --images" in caplog.text
     assert "4 of 4 samples are shown without their image: no images folder is known (pass --images DIR)" in caplog.text
+
+
+# ----------------------------------------------------------------------------------------------- issue 39
+def spy_suite(synthetic_dir, folder: Path, images: str = "inputs/spy") -> tuple[Path, list[dict]]:
+    """A suite folder of one SPY-Bench setting whose results.json records its images inside it (`images`)."""
+    from data_prep.spy_bench import build_samples
+
+    samples = build_samples(synthetic_dir / "questions.json", images_dir=synthetic_dir)[:4]
+    records = [{**s, "response": "r", "eval_resp": "reject", "judge": "rule"} for s in samples]
+    write_jsonl(folder / "spy" / "with_distractors" / "judged.jsonl", records)
+    (folder / "results.json").write_text(json.dumps({"headline": [], "sections": {"spy": {"with_distractors": {}}},
+                                                     "inputs": {"spy": {"images": images}}}))
+    return folder, records
+
+
+def outside_png(folder: Path) -> Path:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (20, 20), (7, 200, 7)).save(folder / "passport.png")
+    return folder / "passport.png"
+
+
+@pytest.mark.parametrize("link", ["images-folder", "image-file", "dotdot-through-a-link", "run-file"])
+def test_symbolic_links_are_resolved_before_bounding(synthetic_dir, tmp_path, capsys, link):
+    """Issue 39 item 6: what the viewer reads or copies must really lie in the folder it belongs to, links followed:
+    a recorded images folder that is a link elsewhere is not used (said); an image that is a link to an outside
+    file, an image_path `link/../passport.png` through a link, and a run file that is a link to another run are
+    one line, exit 2, nothing written. (A Hugging Face snapshot's links into its blobs stay allowed:
+    test_a_hugging_face_snapshot_is_an_images_folder.)"""
+    secret = outside_png(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere" / "deep").mkdir()
+    suite, records = spy_suite(synthetic_dir, tmp_path / "suite")
+    spy = suite / "inputs" / "spy"
+    if link == "images-folder":
+        spy.parent.mkdir()
+        spy.symlink_to(synthetic_dir)
+    else:
+        shutil.copytree(synthetic_dir, spy)
+    if link == "image-file":
+        (spy / records[1]["image_path"]).unlink()
+        (spy / records[1]["image_path"]).symlink_to(secret)
+    elif link == "dotdot-through-a-link":
+        (spy / "link").symlink_to(tmp_path / "elsewhere" / "deep", target_is_directory=True)
+        records[1]["image_path"] = "link/../passport.png"  # lexically inputs/spy/passport.png: inside
+        write_jsonl(suite / "spy" / "with_distractors" / "judged.jsonl", records)
+    elif link == "run-file":
+        other = tmp_path / "other.jsonl"
+        write_jsonl(other, [{**r, "response": "another run's answer"} for r in records])
+        (suite / "spy" / "with_distractors" / "judged.jsonl").unlink()
+        (suite / "spy" / "with_distractors" / "judged.jsonl").symlink_to(other)
+    status = main(suite, "--out", tmp_path / "view")
+    err = capsys.readouterr().err
+    if link == "images-folder":
+        assert status == 0 and "inputs.spy.images: " in err and "leads outside" in err and "not used" in err, err
+        assert not (tmp_path / "view" / "img").exists()  # nothing copied from the folder the link leads to
+        return
+    first = next(n for n, r in enumerate(records, 1) if r["image_path"] == records[1]["image_path"])
+    expected = {"image-file": f"judged.jsonl:{first}: image_path: {records[1]['image_path']!r} leads outside",
+                "dotdot-through-a-link": "judged.jsonl:2: image_path: 'link/../passport.png' leads outside",
+                "run-file": "results.json: sections.spy.with_distractors: 'spy/with_distractors/judged.jsonl' leads "
+                            "outside"}[link]
+    assert status == 2 and err.count("\n") == 1 and expected in err, err
+    assert not (tmp_path / "view").exists()
+
+
+def test_an_image_that_is_no_image_is_refused_before_the_out_folder_is_claimed(synthetic_dir, tmp_path, capsys):
+    """Issue 39 item 9: the marker and an empty img/ stayed behind."""
+    a, _ = two_runs(synthetic_dir, tmp_path / "runs")
+    images = tmp_path / "images"
+    shutil.copytree(synthetic_dir, images)
+    (images / a[2]["image_path"]).write_text("not an image")
+    assert main(tmp_path / "runs" / "a.jsonl", "--images", images, "--out", tmp_path / "view") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]  # beside tqdm's bar
+    assert len(err) == 1 and "not a readable image (UnidentifiedImageError)" in err[0], err
+    assert not (tmp_path / "view").exists()
+
+
+@pytest.mark.parametrize("flag", ["--images", "--geo-images", "--spatialtrust-data", "--geo-labels"])
+def test_a_named_input_that_does_not_exist_is_one_line(synthetic_dir, tmp_path, capsys, flag):
+    """Issue 39 item 9: `--images /nonexistent` exited 0 with a warning."""
+    two_runs(synthetic_dir, tmp_path / "runs")
+    assert main(tmp_path / "runs" / "a.jsonl", flag, tmp_path / "nonexistent", "--out", tmp_path / "view") == 2
+    err = capsys.readouterr().err
+    assert err == f"error: command line: {flag}: {tmp_path / 'nonexistent'}: no such " \
+                  f"{'folder' if 'images' in flag else 'file'}\n"
+    assert not (tmp_path / "view").exists()
+
+
+def test_warnings_say_warning_once_and_geoprivacy_lines_count_the_file(synthetic_dir, tmp_path, capsys):
+    """Issue 39 item 9: every warning printed as "warning: warning:"; a GeoPrivacy record without Q7 on file line 2
+    was reported as line 1."""
+    from eval.geoprivacy import data
+
+    two_runs(synthetic_dir, tmp_path / "runs")
+    assert main(tmp_path / "runs" / "a.jsonl", "--out", tmp_path / "view") == 0  # no images folder known: a warning
+    err = capsys.readouterr().err
+    assert "warning: " in err and "warning: warning:" not in err, err
+    known = list(data.load_labels())[0]
+    lines = [json.dumps({"run_header": {"step": "geo generate"}}), json.dumps({"id": known, "setting": "mcq"})]
+    (tmp_path / "mcq.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(tmp_path / "mcq.jsonl", "--out", tmp_path / "geo-view") == 2
+    assert "mcq.jsonl:2: Q7: missing field" in capsys.readouterr().err

@@ -70,6 +70,7 @@ def parse_recipe(*dataclass_types):
 
     parser = Parser(dataclass_types, allow_abbrev=False)
     argv = sys.argv[1:]
+    config = {}
     if argv and argv[0].endswith((".yaml", ".yml")):
         config = _read_recipe(argv[0], parser._actions)
         env = config.pop("env", None) or {}
@@ -84,23 +85,34 @@ def parse_recipe(*dataclass_types):
         os.environ.update({key: str(value) for key, value in env.items()})
         parser.set_defaults_with_config(**config)
         argv = argv[1:]
-    if any(arg == "--hub_token" or arg.startswith("--hub_token=") for arg in argv):  # visible to every `ps`
-        raise InputError("command line", None, "--hub_token", "a key is never given on the command line; set HF_TOKEN "
-                         "in the environment instead")
-    _, unknown = parser.parse_known_args(argv)
+    from cli.secrets import refuse_on_command_line
+
+    refuse_on_command_line(argv, key_options=("--hub_token",))  # visible to every `ps`, and saved with the run
+    values, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = next((arg.split("=")[0] for arg in unknown if arg.startswith("-")), None)
         if flag is None:
             raise InputError("command line", None, unknown[0], "unexpected argument (the recipe comes first)")
         options = [option.lstrip("-") for option in parser._option_string_actions]
         raise InputError("command line", None, flag, "unknown option" + did_you_mean(flag.lstrip("-"), options, "--"))
+    check_numbers(vars(values))  # before the dataclasses' __post_init__, which divides by some of them
     try:
         parsed = parser.parse_args_into_dataclasses(argv)
     except InputError:
         raise
     except (ValueError, TypeError) as err:  # the dataclasses' own checks, e.g. TrainingArguments.__post_init__
-        raise InputError(_source(), None, None, " ".join(str(err).split())) from None
+        message = " ".join(str(err).split())
+        name = _named_option(message, vars(values), argv, config)
+        raise InputError(_source(name), None, name, message) from None
     return parsed
+
+
+def _named_option(message: str, options, argv: list[str], config: dict) -> str | None:
+    """The option a dataclass's own error is about: of the options it names, the first the command line sets, else
+    the first the recipe sets, else the first named (None when it names none)."""
+    named = list(dict.fromkeys(word for word in re.findall(r"\w+", message) if word in options))
+    given = {arg.split("=")[0].removeprefix("--") for arg in argv if arg.startswith("--")}
+    return next((n for n in named if n in given), next((n for n in named if n in config), named[0] if named else None))
 
 
 def _log_arguments(*parsed) -> None:
@@ -189,7 +201,8 @@ def _source(name: str | None = None) -> str:
     return argv[0] if argv and argv[0].endswith((".yaml", ".yml")) else "command line"
 
 
-# Recipe options and their ranges (None means unset), checked on every config that has them; every other float
+# Recipe options and their ranges (None means unset), checked on every config that has them, on the parsed values
+# before the config dataclasses are built (GRPOConfig's __post_init__ divides by num_generations); every other float
 # option must be finite (cli/numbers.py).
 TRAINING_RULES = {
     **{name: numbers.POSITIVE for name in (
@@ -203,7 +216,27 @@ TRAINING_RULES = {
     **{name: numbers.real(0, 1, high_open=True) for name in (
         "lora_dropout", "adam_beta1", "adam_beta2", "label_smoothing_factor", "label_smoothing")},
     "warmup_ratio": numbers.FRACTION,
+    # GRPO (TRL's GRPOConfig and losses/grpo_trainer.py's VisionGRPOConfig): sampling, batches and the loss
+    **{name: numbers.whole(2) for name in ("num_generations", "num_generations_eval")},  # a group's advantages
+    **{name: numbers.whole(1) for name in (
+        "max_completion_length", "generation_batch_size", "steps_per_generation", "num_iterations")},
+    "temperature": numbers.POSITIVE, "top_p": numbers.real(0, 1, low_open=True), "top_k": numbers.whole(0),
+    "min_p": numbers.FRACTION, "repetition_penalty": numbers.POSITIVE,
+    **{name: numbers.NON_NEGATIVE for name in ("epsilon", "epsilon_high")}, "delta": numbers.POSITIVE,
+    # GRPO's judge (the chat client's own ranges) and rewards
+    "judge_concurrency": numbers.RULES["concurrency"], "judge_max_retries": numbers.RULES["max_retries"],
+    "judge_timeout": numbers.RULES["timeout"], "max_missing_reward_share": numbers.FRACTION,
+    "general_fraction": numbers.real(0, 1, high_open=True),
 }
+
+
+def check_numbers(values: dict) -> None:
+    """Every option of TRAINING_RULES among `values` (name -> parsed value) inside its range: InputError naming it
+    and where it was given."""
+    for name, rule in TRAINING_RULES.items():
+        value = values.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and rule.problem(value):
+            raise option_error(name, rule.problem(value))
 
 
 def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
@@ -211,12 +244,8 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
     def fail(name, message):
         raise option_error(name, message)
 
-    for config in (script_args, training_args, model_args):
+    for config in (script_args, training_args, model_args):  # the ranges: parse_recipe (check_numbers)
         numbers.check_finite_fields(config, fail)
-        for name, rule in TRAINING_RULES.items():
-            value = getattr(config, name, None)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and rule.problem(value):
-                fail(name, rule.problem(value))
     if training_args.max_steps == 0 or training_args.max_steps < -1:
         fail("max_steps", f"must be > 0 (or -1: train num_train_epochs), got {training_args.max_steps}")
     if None not in (script_args.min_pixels, script_args.max_pixels) and script_args.min_pixels > script_args.max_pixels:

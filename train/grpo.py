@@ -17,9 +17,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from trl import ModelConfig, get_peft_config  # noqa: E402
 
+from cli.errors import InputError  # noqa: E402
+from cli.secrets import endpoint_problem, variable_problem  # noqa: E402
 from cli.strict_yaml import did_you_mean  # noqa: E402
 from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer  # noqa: E402
 from losses.rewards import REWARD_NAMES  # noqa: E402
+from store.runs import check_outputs  # noqa: E402
 from train.card import attach, finish  # noqa: E402
 from train.common import (  # noqa: E402
     SpyTuneArguments,
@@ -33,9 +36,22 @@ from train.common import (  # noqa: E402
 )
 from train.rewards import JudgeSettings, VerdictJudge, make_reward_funcs  # noqa: E402
 
+# GRPO's options that take one of a few words (TRL 1.16's GRPOConfig; an unknown one failed mid-training). Their
+# numbers have ranges in train/common.py's TRAINING_RULES, checked when the recipe is parsed.
+CHOICES = {
+    "loss_type": ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
+    "scale_rewards": ("group", "batch", "none"),
+    "importance_sampling_level": ("token", "sequence"),
+    "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
+}
+
 
 def check_grpo(script_args, args: VisionGRPOConfig) -> None:
     """The rewards, their weights, the judge and the data mix, before any model loads (one line each)."""
+    for name, known in CHOICES.items():
+        if getattr(args, name) not in known:
+            raise option_error(name, f"unknown value {getattr(args, name)!r}"
+                                     f"{did_you_mean(str(getattr(args, name)), known)}; known: {', '.join(known)}")
     for name in args.reward_funcs:
         if name not in REWARD_NAMES:
             raise option_error("reward_funcs", f"unknown reward {name!r}{did_you_mean(name, REWARD_NAMES)}; "
@@ -51,31 +67,49 @@ def check_grpo(script_args, args: VisionGRPOConfig) -> None:
             raise option_error("reward_weights", f"expected finite weights >= 0, not all 0, got {weights}")
     if not args.judge.strip():
         raise option_error("judge", "expected `rule` or an LLM judge's model name")
-    if args.judge != "rule" and args.judge_base_url and not args.judge_base_url.startswith(("http://", "https://")):
-        raise option_error("judge_base_url", f"expected an http(s):// URL, got {args.judge_base_url!r}")
-    for name, low in (("judge_concurrency", 1), ("judge_max_retries", 0)):
-        if getattr(args, name) < low:
-            raise option_error(name, f"must be >= {low}, got {getattr(args, name)}")
-    if not args.judge_timeout > 0:
-        raise option_error("judge_timeout", f"must be > 0 seconds, got {args.judge_timeout}")
-    if not 0 <= args.max_missing_reward_share <= 1:
-        raise option_error("max_missing_reward_share", f"must be in [0, 1], got {args.max_missing_reward_share}")
-    if not 0 <= args.general_fraction < 1:
-        raise option_error("general_fraction", f"must be in [0, 1), got {args.general_fraction}")
+    # whatever the judge: both are saved with the run's arguments (checkpoints, training_args.bin)
+    problems = {"judge_api_key_env": variable_problem(args.judge_api_key_env),
+                "judge_base_url": args.judge_base_url and endpoint_problem(args.judge_base_url)}
+    for name, problem in problems.items():
+        if problem:
+            raise option_error(name, problem)
     if (args.general_fraction > 0) != bool(script_args.general_data_path):
         raise option_error("general_fraction", "general_fraction > 0 and general_data_path go together")
     if script_args.helpful:
         raise option_error("helpful", "only SFT trains the helpful backbone, not GRPO")
 
 
+def judge_cache_path(script_args, args: VisionGRPOConfig) -> Path:
+    """This process's judge cache, claimed like every output before anything loads: `judge_cache` (default
+    <output_dir>/judge_cache.jsonl) is a JSON Lines file inside the output folder or beside it (where no other
+    output of the run has its name), not an input, and writable; a file already there must be a judge cache
+    (eval/judge.py checks its lines when it opens it). Under a multi-process launch each process judges its own
+    completions: one file each."""
+    out = Path(args.output_dir)
+    cache = Path(args.judge_cache) if args.judge_cache else out / "judge_cache.jsonl"
+    if args.judge_cache:
+        if cache.suffix != ".jsonl":
+            raise option_error("judge_cache", f"expected a .jsonl file (JSON Lines), got {args.judge_cache!r}")
+        if cache.resolve().parent not in (out.resolve(), out.resolve().parent):
+            raise option_error("judge_cache", f"{args.judge_cache} is neither in output_dir ({out}) nor beside it; "
+                                              "a judge cache lives with its run")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        cache = cache.with_name(f"{cache.stem}-rank{os.environ.get('RANK', '0')}{cache.suffix}")
+    inputs = (script_args.train_data_path, script_args.eval_data_path, script_args.label_path,
+              script_args.categories, script_args.general_data_path)
+    try:
+        check_outputs(inputs, [cache])
+    except InputError as err:
+        raise option_error("judge_cache", str(err)) from None
+    return cache
+
+
 def main():
     # args
     script_args, training_args, model_args = parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)
     check_grpo(script_args, training_args)
-    cache = Path(training_args.judge_cache or Path(training_args.output_dir) / "judge_cache.jsonl")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process judges its own completions: one cache file each
-        cache = cache.with_name(f"{cache.stem}-rank{os.environ.get('RANK', '0')}{cache.suffix}")
-    judge = VerdictJudge(JudgeSettings(  # an LLM judge without its key fails here
+    cache = judge_cache_path(script_args, training_args)
+    judge = VerdictJudge(JudgeSettings(  # an LLM judge without its key, or a cache that is not one, fails here
         training_args.judge, training_args.judge_base_url, training_args.judge_api_key_env,
         training_args.judge_concurrency, training_args.judge_max_retries, training_args.judge_timeout, str(cache),
         script_args.categories))

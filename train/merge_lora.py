@@ -9,12 +9,12 @@ The merged folder gets the adapter's card with library_name transformers and a l
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
 
 from cli.entry import ArgumentParser, run_command
+from cli.errors import read_json
 from store.runs import check_outputs
 
 
@@ -36,7 +36,8 @@ def merge(adapter, out, dtype: str = "auto") -> Path:
     if out.exists() and any(out.iterdir()):
         fail(f"{out}: exists and is not empty; choose another --out")
     check_outputs([adapter], [], folders=[out, out.with_name(out.name + ".partial")])  # writable, not the adapter
-    base = json.loads(config_path.read_text()).get("base_model_name_or_path")
+    config = read_json(config_path)
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
     if not base:
         fail(f"{config_path}: base_model_name_or_path is missing")
     if not Path(base).is_absolute() and Path(base).exists() is False and "/" not in base:

@@ -21,6 +21,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from cli.errors import InputError, read_json
 from losses.checkpointing import is_complete_checkpoint, last_complete_checkpoint
 
 # Arguments that do not change what is trained: where and how often it is written, logged, evaluated or published.
@@ -78,9 +79,9 @@ def _settings(script_args, training_args, model_args) -> dict:
 
 def recorded_settings(checkpoint) -> dict | None:
     try:
-        state = json.loads((Path(checkpoint) / "trainer_state.json").read_text(encoding="utf-8"))
+        state = read_json(Path(checkpoint) / "trainer_state.json")
         return state["stateful_callbacks"][STATE_KEY]["args"]["settings"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (InputError, KeyError, TypeError):
         return None
 
 

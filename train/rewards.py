@@ -40,7 +40,7 @@ class VerdictJudge:
             self._client.client  # noqa: B018 - a missing API key fails now, before any model loads
 
     def verdicts(self, labels: list[str], questions: list[str], responses: list[str]) -> list[str | None]:
-        from eval.spy.prompts import VERDICTS, judge_prompt, parse_verdict
+        from eval.spy.prompts import judge_prompt, verdict_word
         from eval.spy.rule_judge import rule_verdict
 
         if self._client is None:
@@ -48,8 +48,8 @@ class VerdictJudge:
         prompts = [judge_prompt(label, question, response, self.settings.categories)
                    for label, question, response in zip(labels, questions, responses, strict=True)]
         results = self._client.complete(prompts)
-        parsed = [None if r.get("text") is None else parse_verdict(r["text"]) for r in results]
-        return [v if v in VERDICTS else None for v in parsed]  # an unparsable answer is no verdict
+        # a verdict is a word of the answer; an answer naming none is no verdict (a missing reward, never a guess)
+        return [None if r.get("text") is None else verdict_word(r["text"]) for r in results]
 
 
 # ---- the reward functions, as TRL calls them -------------------------------------------------------------------------

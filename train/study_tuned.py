@@ -22,7 +22,6 @@ prints the tables again, with the alternative platform's verdicts beside.
 
 from __future__ import annotations
 
-import json
 import os
 import platform as platform_module
 import sys
@@ -32,6 +31,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from cli.entry import ArgumentParser
+from cli.errors import read_json
 from cli.numbers import int_at_least, option, positive_float
 from train.common import METHOD_NAMES
 
@@ -376,7 +376,7 @@ def run_protocol(args, out: Path, backbone: Path, data: Path, backbone_rows: dic
            "max_new_tokens": args.max_new_tokens, "train_args": args.train_args}
     methods = args.methods
     if args.kept_from:
-        kept_report = json.loads(Path(args.kept_from).read_text())
+        kept_report = read_json(args.kept_from)
         swept = {m: {"points": [], "kept": kept_report["sweep"][m]["kept"], "from": args.kept_from} for m in methods}
     else:
         swept = sweep(ctx, methods, log)

@@ -141,6 +141,14 @@ class ChatClient:
                             ("max_tokens", max_tokens), ("max_connection_failures", max_connection_failures)):
             if value is not None:
                 check_value(value, RULES[name], "endpoint options", name)
+        from cli.secrets import endpoint_problem, variable_problem
+
+        # a key's variable is a name, an endpoint carries no credentials, and a URL the HTTP client cannot parse is
+        # refused here rather than with its exception at the first request
+        for name, problem in (("api_key_env", variable_problem(api_key_env)),
+                              ("base_url", base_url and endpoint_problem(base_url))):
+            if problem:
+                raise InputError("endpoint options", None, name, problem)
         self.model, self.base_url, self.api_key_env = model, base_url, api_key_env
         self.concurrency, self.max_retries, self.timeout = concurrency, max_retries, timeout
         self.backoff, self.max_backoff = backoff, max_backoff

@@ -7,10 +7,13 @@ Scoring profiles (both pure functions of the run records):
 - `vlmevalkit` (SPY-compatible, VLMEvalKit's `exact_matching` judge as it was before VLMEvalKit PR #1175):
   an open question becomes a two-way choice, A = the gold answer text, B = "Other Answers". The letter is the one
   option letter that appears as a token of the response (after `.()[],:;!*#{}` become spaces); failing that, the
-  one option whose text the lowercased response contains; failing that, 'Z', which is always wrong.
+  one option whose text the lowercased response contains; failing that, 'Z', which is always wrong. A response
+  holding VLMEvalKit's "Failed to obtain answer via API" marker gives no letter (only the option-text pass runs).
 - `official` (the MMMU repository's `eval/eval_utils.py`): multiple choice reads "(X)", then " X ", then (for
-  responses over 5 words) option texts, the latest occurrence winning, and guesses at random (seeded with 42)
-  when nothing is found; open questions extract key phrases and numbers and match them against the answer.
+  responses over 5 words) option texts, the latest occurrence winning, and guesses at random when nothing is
+  found; open questions extract key phrases and numbers and match them against the answer. The official script
+  scores each split on its own, seeding its generator with 42: so does this, one generator per split, so the
+  dev records in a file never move validation's guesses.
 """
 
 from __future__ import annotations
@@ -130,6 +133,7 @@ def request(item: dict, row: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- vlmevalkit
+API_FAILURE = "Failed to obtain answer via API"  # VLMEvalKit's marker of a request that failed: no letter read
 REFUSALS = (
     "Sorry, I can't help with images of people yet.", "I can't process this file.",
     "I'm sorry, but without the image provided", "Cannot determine the answer",
@@ -137,6 +141,8 @@ REFUSALS = (
 
 
 def infer_option_letter(response: str, choices: dict[str, str]) -> str | None:
+    if API_FAILURE in response:  # checked first, as VLMEvalKit's can_infer_option does (the text pass still runs)
+        return None
     if any(refusal in response for refusal in REFUSALS):
         return "Z"
     tokens = re.sub(r"[.()\[\],:;!*#{}]", " ", response).split()
@@ -293,10 +299,13 @@ def score(records: list[dict], profile: str = "vlmevalkit") -> dict:
     """Accuracy (0..1) per split, subject and discipline; `score` = validation accuracy in percent."""
     if profile not in PROFILES:
         raise ValueError(f"unknown MMMU profile {profile!r}; choose from {PROFILES}")
-    rng = random.Random(42)
+    rngs: dict[str, random.Random] = {}  # the official script's seed, per split: each split scored on its own
     judged = []
     for record in records:
-        extracted, hit = judge_vlmevalkit(record) if profile == "vlmevalkit" else judge_official(record, rng)
+        if profile == "vlmevalkit":
+            extracted, hit = judge_vlmevalkit(record)
+        else:
+            extracted, hit = judge_official(record, rngs.setdefault(record["split"], random.Random(42)))
         judged.append({"id": record["id"], "split": record["split"], "subject": record["subject"],
                        "extracted": extracted, "hit": bool(hit)})
     splits = {}

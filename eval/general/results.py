@@ -209,8 +209,9 @@ def _read_lmms_eval(path: Path, data: dict, benchmark: str) -> dict:
         raise InputError(path, None, f"results.{task}", f"missing (tasks in this file: {sorted(results)})")
     metrics = results[task]
 
-    def metric(name):
-        key = f"{name},none"
+    def metric(name, *older):
+        """The metric under its name, or under a name older lmms-eval versions wrote."""
+        key = next((k for k in (f"{n},none" for n in (name, *older)) if k in metrics), f"{name},none")
         if key not in metrics:
             raise InputError(path, None, f"results.{task}.{key}", "missing")
         return as_number(metrics[key], path, f"results.{task}.{key}")
@@ -220,7 +221,9 @@ def _read_lmms_eval(path: Path, data: dict, benchmark: str) -> dict:
     elif benchmark == "ocrbench":
         value, parts = 1000 * metric("ocrbench_accuracy"), {}
     else:
-        parts = {"perception": metric("mme_perception_score"), "cognition": metric("mme_cognition_score")}
+        # lmms-eval before 2024-11-05 spelled it `mme_percetion_score`
+        parts = {"perception": metric("mme_perception_score", "mme_percetion_score"),
+                 "cognition": metric("mme_cognition_score")}
         value = parts["perception"] + parts["cognition"]
     return {"value": value, "parts": parts, "format": "lmms-eval"}
 
@@ -249,7 +252,7 @@ def find_result(directory, benchmark: str) -> Path:
 
 def _json_field(path: Path, field: str):
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = read_json(path)
+    except InputError:  # not a result file: left for the next candidate
         return None
     return data.get(field) if isinstance(data, dict) else None

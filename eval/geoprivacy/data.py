@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
 from pathlib import Path
 
-from cli.errors import InputError, read_text
+from cli.errors import InputError, NotJSON, parse_json, read_text
 from cli.paths import inside
 from store.runs import read_jsonl
 
@@ -89,8 +88,8 @@ def load_metadata(path=DEFAULT_METADATA) -> dict[str, dict]:
                 if not row.get(field):
                     raise InputError(path, lineno, field, "missing value")
             try:
-                lat, lon = (float(x) for x in json.loads(row["true_coordinate"]))
-            except (ValueError, TypeError):
+                lat, lon = (float(x) for x in parse_json(row["true_coordinate"], path, lineno))
+            except (InputError, ValueError, TypeError):
                 raise InputError(path, lineno, "true_coordinate", "expected \"[lat, lon]\"") from None
             meta[label_id(row["image_id"])] = {
                 "image_id": row["image_id"], "image_source": row["image_source"], "lat": lat, "lon": lon,
@@ -104,8 +103,8 @@ def read_records(path: Path):
     text = read_text(path)
     if path.suffix != ".jsonl":  # a one-line JSON Lines file is also a JSON document: trust the suffix
         try:
-            return json.loads(text)
-        except json.JSONDecodeError:
+            return parse_json(text, path)
+        except NotJSON:
             pass
     return read_jsonl(path)
 
@@ -119,13 +118,15 @@ def load_predictions(path, setting: str) -> list[dict]:
     of that step fills them in.
     """
     from eval.geoprivacy.parsing import parse_mcq, parse_q7_only
+    from eval.spatialtrust.data import with_line_numbers
 
     path = Path(path)
     data = read_records(path)
     if not isinstance(data, list):
         raise InputError(path, None, None, "expected a JSON list of records (or JSON Lines)")
     rows, seen = [], set()
-    for n, record in enumerate(data, 1):
+    # a run file's errors name its lines (its header line counted); a released JSON list's, the record's number
+    for n, record in with_line_numbers(path, data) if path.suffix == ".jsonl" else enumerate(data, 1):
         if not isinstance(record, dict):
             raise InputError(path, n, None, "expected a JSON object")
         if "id" not in record:

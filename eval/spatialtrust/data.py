@@ -16,11 +16,11 @@ turned away) and writes them in exactly this format:
 
 from __future__ import annotations
 
-import math
 import random
 from pathlib import Path
 
 from cli.errors import InputError, check_image, read_text
+from cli.numbers import finite
 from cli.paths import inside
 from store.runs import read_jsonl, write_jsonl
 
@@ -40,7 +40,7 @@ def box_floats(box) -> list[float] | None:
     wherever it lies; else None."""
     if not isinstance(box, (list, tuple)) or len(box) != 4:
         return None
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in box):
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and finite(v) for v in box):
         return None
     x1, y1, x2, y2 = (float(v) for v in box)
     return [x1, y1, x2, y2] if x1 < x2 and y1 < y2 else None
@@ -93,7 +93,7 @@ def question(record: dict, qid: str) -> dict:
 # ----------------------------------------------------------------------------------------------- loading
 def _check_box(box, width, height, fail, field: str) -> None:
     if not isinstance(box, list) or len(box) != 4 or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in box
+        isinstance(v, (int, float)) and not isinstance(v, bool) and finite(v) for v in box
     ):
         fail(field, f"expected [x1, y1, x2, y2] numbers, got {box!r}")
     x1, y1, x2, y2 = box
@@ -137,7 +137,8 @@ def validate_record(record: dict, fail) -> None:
             ):
                 fail(f"{where}.options", "expected an object of at least two option key -> text")
             answer = q["answer"]
-            if not isinstance(answer, list) or not answer or len(set(answer)) != len(answer):
+            if not isinstance(answer, list) or not answer or not all(isinstance(key, str) for key in answer) \
+                    or len(set(answer)) != len(answer):
                 fail(f"{where}.answer", "expected a non-empty list of distinct option keys")
             for key in answer:
                 if key not in options:

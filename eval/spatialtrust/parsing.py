@@ -34,7 +34,7 @@ def extract_json(text, keys=()) -> dict | None:
             for start in (i for i, ch in enumerate(source) if ch == "{"):
                 try:
                     obj, _ = decoder.raw_decode(source, start)
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, RecursionError):  # a reply nested thousands deep holds no answer
                     continue
                 if not isinstance(obj, dict):
                     continue

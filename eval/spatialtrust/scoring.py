@@ -203,6 +203,8 @@ def validate_predictions(path, predictions: list[dict], data: list[dict]) -> Non
     for line, p in with_line_numbers(path, predictions):
         if "image_id" not in p:
             raise InputError(path, line, "image_id", "missing field")
+        if not isinstance(p["image_id"], str):  # the data's ids are strings; a list or object is not even hashable
+            raise InputError(path, line, "image_id", f"expected a string, got {json.dumps(p['image_id'])[:80]}")
         if p["image_id"] not in known:
             raise InputError(path, line, "image_id", f"{p['image_id']!r} is not in the data")
         if p["image_id"] in seen:

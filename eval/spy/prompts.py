@@ -9,6 +9,8 @@ judged with exactly this text.
 
 from __future__ import annotations
 
+import re
+
 from cli.paths import inside
 from data_prep.categories import as_categories
 
@@ -78,6 +80,16 @@ def parse_verdict(output: str) -> str:
     if "respond" in lowered:
         return "respond"
     return output
+
+
+def verdict_word(output: str) -> str | None:
+    """GRPO's reading of a judge answer: "reject" if it holds that word (checked first, as in parse_verdict), else
+    "respond" if it holds that one, else None (no verdict: a missing reward). A verdict is a word here, not a
+    substring: "The answer corresponds to neither option." names none, where parse_verdict, which `spy judge`
+    keeps as the SPY reference has it (the metrics stay those of the published numbers), reads "respond" in
+    "corresponds". docs/training/grpo.md says why the reward reads words."""
+    words = set(re.findall(r"[a-z]+", output.lower()))
+    return "reject" if "reject" in words else "respond" if "respond" in words else None
 
 
 def user_turn(text: str) -> dict:

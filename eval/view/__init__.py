@@ -44,6 +44,10 @@ def build_view(runs: list, out, names: list[str] | None = None, images=None, spa
     if len(names) != len(runs) or len(set(names)) != len(names):
         raise InputError("command line", None, "--names", "give one distinct name per run")
     out = Path(out)
+    for flag, value, folder in (("--images", images, True), ("--geo-images", geo_images, True),
+                                ("--spatialtrust-data", spatialtrust_data, False), ("--geo-labels", geo_labels, False)):
+        if value is not None and not (Path(value).is_dir() if folder else Path(value).is_file()):
+            raise InputError("command line", None, flag, f"{value}: " + ("no such folder" if folder else "no such file"))
     check_outputs([*runs, images, spatialtrust_data, geo_labels, geo_images], [], folders=[out])
     for run in runs:
         if Path(out).resolve() == Path(run).resolve() or Path(run).resolve().is_relative_to(out.resolve()):

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 from pathlib import Path
 
 from cli.errors import InputError, read_json
-from cli.paths import inside
+from cli.numbers import finite
+from cli.paths import contained, inside
 from data_prep.categories import as_categories
 from data_prep.spy import expected_verdict
 from store.runs import read_jsonl, read_run
@@ -32,29 +32,32 @@ GEO_GRANULARITY = {"A": "abstain", "B": "country / city", "C": "exact location"}
 
 def recorded_root(folder, value, source, field: str, flag: str | None = None) -> Path | None:
     """A root that a run records for itself (results.json's `inputs`, a run header's `images`), relative to the
-    run's folder. It gets the rule of every path a data file names (cli.paths.inside): inside that folder,
-    or it is not used (a crafted results.json must not make us copy files from elsewhere into a site); the warning
-    says which option names the folder instead."""
+    run's folder. It gets the rule of every path a data file names (cli.paths.inside), symbolic links resolved
+    first: really inside that folder, or it is not used (a crafted results.json, or a link in the folder, must not
+    make us copy files from elsewhere into a site); the warning says which option names the folder instead."""
     if value is None:
         return None
     try:
-        return inside(folder, value, source, None, field)
+        return inside(folder, value, source, None, field, resolve=True)
     except InputError as err:
-        logger.warning(f"warning: {err}: not used" + (f"; pass {flag} to name it" if flag else ""))
+        logger.warning(f"{err}: not used" + (f"; pass {flag} to name it" if flag else ""))
         return None
 
 
 class MissingImages:
     """Counts the samples shown without their image, said once per run file with the reason (eval view warns
-    rather than showing "no image" on every card in silence)."""
+    rather than showing "no image" on every card in silence). Every image the site shows passes here: one whose
+    real path (symbolic links followed) leaves the images folder is refused (cli.paths.contained)."""
 
     def __init__(self, source, images):
         self.source, self.images, self.samples, self.missing, self.first = source, images, 0, 0, None
         self.exists: dict[Path, bool] = {}  # samples share images: one look each
 
-    def find(self, path: Path | None, name) -> Path | None:
+    def find(self, path: Path | None, name, where=None, field: str = "image") -> Path | None:
         self.samples += 1
         if path is not None and path not in self.exists:
+            if self.images is not None:
+                contained(self.images, path, self.source, where, field, name)
             self.exists[path] = path.is_file()
         if path is not None and self.exists[path]:
             return path
@@ -67,7 +70,7 @@ class MissingImages:
             return
         why = f"no images folder is known (pass {flag} DIR)" if self.images is None else \
             f"not found in {self.images} (e.g. {self.first})"
-        logger.warning(f"warning: {self.source}: {self.missing} of {self.samples} samples are shown without their "
+        logger.warning(f"{self.source}: {self.missing} of {self.samples} samples are shown without their "
                        f"image: {why}")
 
 
@@ -142,7 +145,7 @@ def spy_rows(path, section: str | None = None, images=None, categories=None, res
         if image_path not in found:
             where = inside(images, image_path, path, n, "image_path") if images is not None and image_path else None
             found[image_path] = where
-        image = missing.find(found[image_path], image_path)
+        image = missing.find(found[image_path], image_path, n, "image_path")
         expected = expected_verdict(r["label"], int(r["is_privacy"]), scenario_is_privacy, cats)
         item = {"bench": "spy", "section": setting, "id": str(r["id"]), "image": image, "category": r["label"],
                 "scenario": kind, "variant": "private" if r["is_privacy"] else "not private", "expected": expected,
@@ -169,7 +172,7 @@ def spy_rows(path, section: str | None = None, images=None, categories=None, res
     twice = {key: lines for key, lines in seen.items() if len(lines) > 1}
     if twice:
         key, lines = next(iter(twice.items()))
-        logger.warning(f"warning: {path}: {len(twice)} ids appear more than once (e.g. {key.rpartition('/')[2]!r} on "
+        logger.warning(f"{path}: {len(twice)} ids appear more than once (e.g. {key.rpartition('/')[2]!r} on "
                        f"lines {', '.join(map(str, lines))}); each is shown as its own sample ({key}#2, ...) and "
                        "counted, as `spy metrics` counts every record")
     return rows
@@ -203,7 +206,7 @@ def geo_rows(path, setting: str | None = None, images=None, labels=None, metadat
         truth = gold.get(rid)
         if truth is None:
             raise InputError(path, n, "id", f"{rid!r} is not in the gold labels")
-        image = missing.find(data.find_image(images, rid, meta.get(rid)) if images is not None else None, rid)
+        image = missing.find(data.find_image(images, rid, meta.get(rid)) if images is not None else None, rid, n, "id")
         row = parsed.get(rid, {})
         item = {"bench": "geo", "section": setting, "id": rid, "image": image, "category": truth["Q7"],
                 "scenario": None, "variant": None, "expected": truth["Q7"],
@@ -224,7 +227,7 @@ def _check_box(box, fail, field: str) -> None:
     """A predicted box as our parser writes it: four finite numbers, or null where the model's was unreadable.
     The page draws it as SVG attributes: nothing but numbers may reach them."""
     if box is not None and not (isinstance(box, list) and len(box) == 4 and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in box)):
+            isinstance(v, (int, float)) and not isinstance(v, bool) and finite(v) for v in box)):
         fail(field, f"expected [x1, y1, x2, y2] numbers or null, got {box!r}"[:200])
 
 
@@ -315,7 +318,7 @@ def suite_rows(folder, given: dict | None = None) -> dict:
     command line, or the suite itself), else results.json's `inputs`, bounded by the suite folder
     (recorded_root)."""
     folder = Path(folder)
-    source = folder / "results.json"
+    source = contained(folder, folder / "results.json")
     results = read_json(source)
     if not isinstance(results, dict) or not isinstance(results.get("sections"), dict):
         raise InputError(source, None, "sections", "missing (expected `python -m eval suite` output)")
@@ -334,25 +337,31 @@ def suite_rows(folder, given: dict | None = None) -> dict:
     for name in ("spy", "geo", "spatialtrust"):
         if not isinstance(sections.get(name) or {}, dict):
             raise InputError(source, None, f"sections.{name}", "expected an object of setting -> scores")
+
+    def run_file(section: str, setting, name: str) -> Path:
+        """A run file of the suite: named by a setting of its results.json, so it must really lie in the folder."""
+        return inside(folder, f"{section}/{setting}/{name}", source, None, f"sections.{section}.{setting}",
+                      resolve=True)
+
     rows = {}
     for setting in sections.get("spy") or {}:
         base = setting.removesuffix("_self_moderation")
-        run = folder / "spy" / base / ("self_moderation_judged.jsonl" if base != setting else "judged.jsonl")
+        run = run_file("spy", base, "self_moderation_judged.jsonl" if base != setting else "judged.jsonl")
         rows.update(spy_rows(run, setting, root("spy", "images"), root("spy", "categories"),
                              resp_key="resp_3" if base != setting else "response", header_images=False))
     for setting in sections.get("geo") or {}:
-        run = folder / "geo" / setting / ("judged.jsonl" if setting == "free-form" else "run.jsonl")
+        run = run_file("geo", setting, "judged.jsonl" if setting == "free-form" else "run.jsonl")
         rows.update(geo_rows(run, setting, root("geo", "images"), root("geo", "labels"), root("geo", "metadata"),
                              images_flag="--geo-images"))
     data_path = root("spatialtrust", "data")
     for mode in sections.get("spatialtrust") or {}:
         if data_path is None:
-            logger.warning(f"warning: {folder}: SpatialTrust {mode} left out: where its data is is not known; pass "
+            logger.warning(f"{folder}: SpatialTrust {mode} left out: where its data is is not known; pass "
                            "--spatialtrust-data")
             continue
-        sub = folder / "spatialtrust" / mode
-        rows.update(spatialtrust_rows(sub / "predictions.jsonl", data_path, mode, root("spatialtrust", "image_root"),
-                                      sub / "judgments.jsonl"))
+        rows.update(spatialtrust_rows(run_file("spatialtrust", mode, "predictions.jsonl"), data_path, mode,
+                                      root("spatialtrust", "image_root"),
+                                      run_file("spatialtrust", mode, "judgments.jsonl")))
     return rows
 
 

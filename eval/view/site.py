@@ -24,36 +24,56 @@ def image_name(path: Path) -> str:
     return hashlib.sha1(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
 
 
-def make_images(path: Path, folder: Path) -> tuple[str, str]:
-    """(thumbnail, full-size) paths relative to the site, made unless already there. The full-size image is the
-    file itself when the browser shows it and it is not huge, else a JPEG at most FULL_SIDE pixels on a side."""
+WEB_IMAGES = (".jpg", ".jpeg", ".png", ".webp", ".gif")  # shown as they are when not huge
+
+
+def prepare_images(path: Path, folder: Path) -> dict:
+    """What the site needs of one image, made before the site's folder is touched, so that an image that does not
+    decode is refused before anything is written: its thumbnail (JPEG bytes) and the name of its full-size copy,
+    the file itself when the browser shows it and it is not huge, else a JPEG at most FULL_SIDE pixels on a side.
+    Both already in `folder` (an earlier build): nothing to make."""
+    import io
+
     from PIL import Image
 
     name = image_name(path)
     thumb, copied, resized = folder / f"{name}_t.jpg", folder / f"{name}{path.suffix.lower()}", folder / f"{name}_f.jpg"
     for full in (copied, resized):
         if thumb.exists() and full.exists():
-            return f"img/{thumb.name}", f"img/{full.name}"
-    folder.mkdir(parents=True, exist_ok=True)
+            return {"thumb": thumb, "full": full}
     try:
         with Image.open(path) as image:
             image.load()
             rgb = image.convert("RGB")
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        raise InputError(path, None, None, f"not a readable image ({type(err).__name__}); the viewer is left "
-                         "half built: the same command rebuilds it once the image is fixed") from None
-    if max(rgb.size) > FULL_SIDE or path.suffix.lower() not in (".jpg", ".jpeg", ".png", ".webp", ".gif"):
-        full = resized
-        copy = rgb.copy()
-        copy.thumbnail((FULL_SIDE, FULL_SIDE))
-        _save(copy, full)
-    else:
-        full = copied
-        tmp = full.with_name(f".{full.name}.tmp")
-        shutil.copyfile(path, tmp)
-        tmp.replace(full)
+        raise InputError(path, None, None, f"not a readable image ({type(err).__name__})") from None
+    big = max(rgb.size) > FULL_SIDE or path.suffix.lower() not in WEB_IMAGES
     rgb.thumbnail((THUMB_SIDE, THUMB_SIDE))
-    _save(rgb, thumb)
+    data = io.BytesIO()
+    rgb.save(data, format="JPEG", quality=85)
+    return {"thumb": thumb, "full": resized if big else copied, "source": path, "thumb_bytes": data.getvalue()}
+
+
+def write_images(made: dict) -> tuple[str, str]:
+    """Write what prepare_images made (the folder is the site's own by now); the (thumbnail, full-size) paths
+    relative to the site."""
+    from PIL import Image
+
+    thumb, full = made["thumb"], made["full"]
+    if "thumb_bytes" in made:
+        thumb.parent.mkdir(parents=True, exist_ok=True)
+        if full.name.endswith("_f.jpg"):
+            with Image.open(made["source"]) as image:
+                copy = image.convert("RGB")
+            copy.thumbnail((FULL_SIDE, FULL_SIDE))
+            _save(copy, full)
+        else:
+            tmp = full.with_name(f".{full.name}.tmp")
+            shutil.copyfile(made["source"], tmp)
+            tmp.replace(full)
+        tmp = thumb.with_name(f".{thumb.name}.tmp")
+        tmp.write_bytes(made["thumb_bytes"])
+        tmp.replace(thumb)
     return f"img/{thumb.name}", f"img/{full.name}"
 
 
@@ -103,9 +123,9 @@ def write_site(rows: list[dict], run_names: list[str], out, title: str = "privac
                progress: bool = True) -> Path:
     """Write the viewer of `rows` (records.merge_runs) under `out`; returns index.html.
 
-    Everything the page holds is rendered (and encoded) before the folder is touched; the folder must be new,
-    empty or a viewer this command wrote (its marker, written first, so a killed build is one too); index.html is
-    written last."""
+    Everything the page holds is rendered (and encoded), and every new image decoded and thumbnailed, before the
+    folder is touched; the folder must be new, empty or a viewer this command wrote (its marker, written first, so
+    a killed build is one too); index.html is written last."""
     from tqdm.auto import tqdm
 
     out = Path(out)
@@ -124,11 +144,10 @@ def write_site(rows: list[dict], run_names: list[str], out, title: str = "privac
             "categories": category_names(shown), "sections": list(dict.fromkeys(r["section"] for r in shown)),
             "benches": list(dict.fromkeys(r["bench"] for r in shown))}
     page = (ASSETS / "index.html").read_text(encoding="utf-8").replace("{{title}}", _escape(safe_text(title)))
+    with tqdm(sources, desc="thumbnails", disable=not progress, mininterval=1.0) as bar:  # closed before an error
+        made = [prepare_images(path, out / "img") for path in bar]
     claim_folder(out, COMMAND, own=SITE_FILES if out.is_dir() and _viewer_before_markers(out) else ())
-    table = []
-    for path in tqdm(sources, desc="thumbnails", disable=not progress, mininterval=1.0):
-        thumb, full = make_images(path, out / "img")
-        table.append({"thumb": thumb, "full": full})
+    table = [dict(zip(("thumb", "full"), write_images(m))) for m in made]
     for name, text in texts.items():
         write_text(out / "data" / name, text)
     for stale in (out / "data").glob("rows-*.js"):  # a bigger viewer built here before
