@@ -121,8 +121,10 @@ def draw_image(rng: random.Random, colour: str, size: int) -> Image.Image:
 
 
 def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int = 56,
-               categories=None) -> list[dict]:
-    """SPY-Tune items (spy.md §5.1) for one split, with their images written under out/images/<split>/."""
+               categories=None, absolute_per_label: int | None = None) -> list[dict]:
+    """SPY-Tune items (spy.md §5.1) for one split, with their images written under out/images/<split>/;
+    `absolute_per_label` (more than `per_label`) adds items of the absolute categories after the others, which are
+    unchanged."""
     cats = as_categories(categories)
     texts = cats.label2text()
     labels = list(texts)
@@ -130,9 +132,10 @@ def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int
     questions = TEST_QUESTIONS if split == "test" else TRAIN_QUESTIONS  # val: the training distribution
     rng = random.Random(f"{split}-{seed}")
     (out / "images" / split).mkdir(parents=True, exist_ok=True)
+    absolute = [label for label in labels if label in cats.absolute_labels()]
+    extra = max(0, (absolute_per_label or 0) - per_label) * absolute
     items = []
-    for n in range(per_label * len(labels)):
-        label = labels[n % len(labels)]
+    for n, label in enumerate([labels[n % len(labels)] for n in range(per_label * len(labels))] + extra):
         t = texts[label]
         image_id = f"{split}_{n:06d}"
         colour = rng.choice(list(COLOURS))
@@ -184,8 +187,10 @@ def write_json(path: Path, obj) -> None:
 
 def build(out, train_per_label: int = 60, test_per_label: int = 2, seed: int = 0, image_size: int = 56,
           categories=None, general_train: int = 0, general_test: int = 0, val_per_label: int = 0,
-          general_val: int = 0) -> Path:
+          general_val: int = 0, train_absolute_per_label: int | None = None) -> Path:
     """Write the synthetic data of a category set (a path or CategorySet; default SPY's 67) into `out`;
+    `train_absolute_per_label` gives the absolute categories that many training items (the demo: a rule that holds
+    for 5 of 67 categories is otherwise seen too rarely to learn in a minute);
     `general_train` / `general_test` > 0 also write general_train.json / general_test.json (the general task).
     `val_per_label` / `general_val` > 0 write a validation split drawn from the training distribution (training
     phrasings, new items and images, none of them in the held-out split): val_questions.json (SPY-Bench format)
@@ -193,7 +198,7 @@ def build(out, train_per_label: int = 60, test_per_label: int = 2, seed: int = 0
     cats = as_categories(categories)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    train = make_items("train", train_per_label, seed, out, image_size, cats)
+    train = make_items("train", train_per_label, seed, out, image_size, cats, train_absolute_per_label)
     test = make_items("test", test_per_label, seed, out, image_size, cats)
     write_json(out / "train_data.json", {"data_list": train})
     write_json(out / "eval_data.json", {"data_list": test[:3]})

@@ -10,13 +10,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-SHORT = ["--sft-steps", "3", "--nca-p-steps", "2", "--train-per-label", "1", "--test-per-label", "1",
-         "--max-new-tokens", "6", "--eval-limit", "40", "--eval-batch-size", "20", "--train-args", "--logging_steps", "1"]
+SHORT = ["--sft-steps", "3", "--nca-p-steps", "2", "--train-per-label", "1", "--train-absolute-per-label", "1",
+         "--test-per-label", "1", "--max-new-tokens", "6", "--eval-limit", "40", "--eval-batch-size", "20",
+         "--train-args", "--logging_steps", "1"]
 
 
 def run_demo(out):
-    result = forked_python.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT,
-                            capture_output=True, text=True)
+    result = forked_python.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result.stdout
 
@@ -65,6 +65,5 @@ def test_demo_refuses_to_mix_settings(tmp_path):
     out = tmp_path / "demo"
     out.mkdir()
     (out / "demo_config.json").write_text(json.dumps({"sft_steps": 1}))
-    result = forked_python.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT,
-                            capture_output=True, text=True)
+    result = forked_python.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT)
     assert result.returncode != 0 and "other settings" in result.stderr

@@ -197,7 +197,7 @@ def test_getting_started_runs_what_the_demo_test_runs(monkeypatch, tiny_model_di
     spec.loader.exec_module(test_demo)
     ran = []
     with monkeypatch.context() as patch:  # record the command the demo test runs, instead of running it
-        patch.setattr(test_demo.subprocess, "run", lambda argv, **kw: ran.append(argv) or
+        patch.setattr(test_demo.forked_python, "run", lambda argv, **kw: ran.append(argv) or
                       subprocess.CompletedProcess(argv, 0, "", ""))
         test_demo.run_demo("outputs/demo")
     assert ran == [[sys.executable, "-m", "train.demo", "--out", "outputs/demo", *test_demo.SHORT]]

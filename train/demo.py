@@ -4,7 +4,7 @@
 
 1. builds the tiny random Qwen2-VL and the synthetic SPY-Tune / held-out SPY-Bench (if absent);
 2. SFT warm-up, then NCA-P, each through `accelerate launch train/... recipes/demo/...`, the path a GPU user runs;
-3. evaluates the base, SFT and NCA-P checkpoints with the evaluation suite (`python -m eval suite --config
+3. evaluates the base, SFT and NCA-P checkpoints (each while the next stage starts) with the evaluation suite (`python -m eval suite --config
    eval/suites/demo.yaml`): the held-out SPY-Bench (new items, question phrasings never seen in training) with
    the transformers backend and the offline rule judge, without distractors (one instruction line: what the
    demo trains) and with them (six lines: reported, not expected to work at this scale), and a synthetic
@@ -79,10 +79,16 @@ def train(script: str, model: Path, data: Path, out: Path, steps: int | None, lo
           recipe: Path | None = None) -> None:
     """One stage through accelerate launch (`recipe`, default recipes/demo/<script>.yaml; its log is
     logs/<out's name>.log next to `out`); skipped when finished, resumed from its last checkpoint otherwise."""
+    finish(start(script, model, data, out, steps, log, extra, recipe), log)
+
+
+def start(script: str, model: Path, data: Path, out: Path, steps: int | None, log, extra: list[str],
+          recipe: Path | None = None) -> dict | None:
+    """Start `train`'s stage in the background; None when it is finished already. `finish` waits for it."""
     recipe = recipe or ROOT / "recipes" / "demo" / f"{script}.yaml"
     if (out / "train_metrics.json").exists():
         log(f"{out.name}: reusing {out}")
-        return
+        return None
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs/cpu.yaml"),
         str(ROOT / "train" / f"{script}.py"), str(recipe),
@@ -95,20 +101,27 @@ def train(script: str, model: Path, data: Path, out: Path, steps: int | None, lo
         command += ["--max_steps", str(steps)]
     if any(out.glob("checkpoint-*")):
         command += ["--resume_from_checkpoint", "true"]
-    name = out.name
-    log(f"{name}: {steps} steps -> {out}   (accelerate launch train/{script}.py {recipe.relative_to(ROOT)})")
+    log(f"{out.name}: {steps} steps -> {out}   (accelerate launch train/{script}.py {recipe.relative_to(ROOT)})")
     (out.parent / "logs").mkdir(parents=True, exist_ok=True)
-    log_path = out.parent / "logs" / f"{name}.log"
+    log_path = out.parent / "logs" / f"{out.name}.log"
     with open(log_path, "w") as log_file:
         process = subprocess.Popen(command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
-        while True:
-            try:
-                process.wait(timeout=10)  # returns as soon as the stage ends
-                break
-            except subprocess.TimeoutExpired:
-                done = re.findall(rf"(\d+)/{steps} \[", log_path.read_text(errors="replace")[-4000:])
-                if done:
-                    log(f"{name}: step {done[-1]}/{steps}")
+    return {"process": process, "log_path": log_path, "name": out.name, "steps": steps}
+
+
+def finish(stage: dict | None, log) -> None:
+    """Wait for a started stage, saying its progress; its bad input is the command's one line and exit 2."""
+    if stage is None:
+        return
+    process, log_path, name, steps = stage["process"], stage["log_path"], stage["name"], stage["steps"]
+    while True:
+        try:
+            process.wait(timeout=10)  # returns as soon as the stage ends
+            break
+        except subprocess.TimeoutExpired:
+            done = re.findall(rf"(\d+)/{steps} \[", log_path.read_text(errors="replace")[-4000:])
+            if done:
+                log(f"{name}: step {done[-1]}/{steps}")
     if process.returncode:
         # bad input: the script's own line (accelerate's report follows it in the log)
         bad = [line for line in log_path.read_text(errors="replace").splitlines() if line.startswith("error: ")]
@@ -193,12 +206,14 @@ def plot(report: dict, out: Path, path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="outputs/demo")
-    parser.add_argument("--sft-steps", type=option("sft_steps"), default=None, help="default: recipes/demo/sft.yaml (400)")
-    parser.add_argument("--nca-p-steps", type=option("nca_p_steps"), default=None, help="default: recipes/demo/nca_p.yaml (60)")
-    parser.add_argument("--train-per-label", type=option("train_per_label"), default=60, help="synthetic SPY-Tune items per category")
-    parser.add_argument("--test-per-label", type=option("test_per_label"), default=2, help="held-out SPY-Bench items per category")
-    parser.add_argument("--eval-batch-size", type=option("eval_batch_size"), default=64)
-    parser.add_argument("--max-new-tokens", type=option("max_new_tokens"), default=32)
+    parser.add_argument("--sft-steps", type=option("sft_steps"), default=None, help="default: recipes/demo/sft.yaml (80)")
+    parser.add_argument("--nca-p-steps", type=option("nca_p_steps"), default=None, help="default: recipes/demo/nca_p.yaml (10)")
+    parser.add_argument("--train-per-label", type=option("train_per_label"), default=30, help="synthetic SPY-Tune items per category")
+    parser.add_argument("--train-absolute-per-label", type=option("train_per_label"), default=240,
+                        help="synthetic SPY-Tune items per absolute category (always refused: 5 of SPY's 67)")
+    parser.add_argument("--test-per-label", type=option("test_per_label"), default=1, help="held-out SPY-Bench items per category")
+    parser.add_argument("--eval-batch-size", type=option("eval_batch_size"), default=256)
+    parser.add_argument("--max-new-tokens", type=option("max_new_tokens"), default=24)
     parser.add_argument("--eval-limit", type=option("eval_limit"), default=None, help="evaluate only the first N samples (tests)")
     parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                         help="extra recipe overrides for both stages, e.g. --train-args --logging_steps 5")
@@ -212,20 +227,31 @@ def main(argv: list[str] | None = None) -> None:
 
     model_dir, data_dir = out / "tiny-qwen2vl", out / "synthetic-spy-tune"
     build_once(model_dir, lambda d: build_tiny_model(d, **DEMO_CONFIG))
-    build_once(data_dir, lambda d: synthetic.build(d, args.train_per_label, args.test_per_label))
+    build_once(data_dir, lambda d: synthetic.build(d, args.train_per_label, args.test_per_label,
+                                                   train_absolute_per_label=args.train_absolute_per_label))
     log(f"tiny Qwen2-VL in {model_dir}, synthetic SPY-Tune / held-out SPY-Bench in {data_dir}")
 
-    train("sft", model_dir, data_dir, out / "sft", args.sft_steps, log, args.train_args)
-    train("nca_p", out / "sft", data_dir, out / "nca_p", args.nca_p_steps, log, args.train_args)
-
-    from eval.report import markdown_table
-    from train.card import add_card_evaluation
+    # Each checkpoint is evaluated while the next stage starts (its imports and set-up leave a core idle): the base
+    # model during SFT's start, SFT during NCA-P's. One thread here meanwhile, so the two never spin against each other.
+    import torch
 
     checkpoints = {"base": model_dir, "sft": out / "sft", "nca_p": out / "nca_p"}
-    results = {stage: evaluate(stage, checkpoints[stage], out, args, log) for stage in STAGES}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    sft = start("sft", model_dir, data_dir, out / "sft", args.sft_steps, log, args.train_args)
+    results = {"base": evaluate("base", model_dir, out, args, log)}
+    finish(sft, log)
+    nca_p = start("nca_p", out / "sft", data_dir, out / "nca_p", args.nca_p_steps, log, args.train_args)
+    results["sft"] = evaluate("sft", checkpoints["sft"], out, args, log)
+    finish(nca_p, log)
+    torch.set_num_threads(threads)
+    results["nca_p"] = evaluate("nca_p", checkpoints["nca_p"], out, args, log)
+
     from eval.compare import compare
+    from eval.report import markdown_table
     from eval.suite_config import load_config
     from eval.view.records import suite_inputs
+    from train.card import add_card_evaluation
 
     # the demo's suites share one config: the viewer is told its inputs (not trusting results.json's, which lie
     # outside each suite folder)
