@@ -147,7 +147,7 @@ CASES = [
     ("missing-recipe", "train", lambda c: setattr(c, "recipe", c.root / "nope.yaml"), r"{root}/nope\.yaml: file not found"),
     ("unknown-recipe-key", "train", _recipe_key,
      r"{recipe}:\d+: max_stepz: unknown key \(did you mean max_steps\?\)"),
-    ("recipe-value-type", "train", lambda c: c.recipe.write_text(c.recipe.read_text().replace("max_steps: 400", "max_steps: 1.5")),
+    ("recipe-value-type", "train", lambda c: c.recipe.write_text(re.sub(r"max_steps: \d+", "max_steps: 1.5", c.recipe.read_text())),
      r"{recipe}: argument --max_steps/--max-steps: invalid int value: '1\.5'"),
     ("recipe-not-utf8", "train", _recipe_latin1, r"{recipe}:\d+: not UTF-8 text \(byte offset \d+\)"),
     ("flag-abbreviation", "train", lambda c: setattr(c, "args", ["--max_step", "1"]),

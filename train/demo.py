@@ -109,6 +109,23 @@ def start(script: str, model: Path, data: Path, out: Path, steps: int | None, lo
     return {"process": process, "log_path": log_path, "name": out.name, "steps": steps}
 
 
+def check_stage_options(extra: list[str]) -> None:
+    """The demo's recipes with `--train-args`, through each stage's own parser (train.common.parse_recipe with the
+    script's configuration classes): a bad option is the stage's own one line, raised here before any evaluation."""
+    from trl import ModelConfig, SFTConfig
+
+    from losses.nca_p_trainer import NCAPConfig
+    from train.common import SpyTuneArguments, parse_recipe
+
+    argv = sys.argv
+    try:
+        for script, config in (("sft", SFTConfig), ("nca_p", NCAPConfig)):
+            sys.argv = [f"{script}.py", str(ROOT / "recipes" / "demo" / f"{script}.yaml"), *extra]
+            parse_recipe(SpyTuneArguments, config, ModelConfig)
+    finally:
+        sys.argv = argv
+
+
 def finish(stage: dict | None, log) -> None:
     """Wait for a started stage, saying its progress; its bad input is the command's one line and exit 2."""
     if stage is None:
@@ -239,6 +256,13 @@ def main(argv: list[str] | None = None) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     sft = start("sft", model_dir, data_dir, out / "sft", args.sft_steps, log, args.train_args)
+    try:  # while SFT starts: both stages' options checked here, before the evaluation writes anything
+        check_stage_options(args.train_args)
+    except InputError:
+        if sft is not None:
+            sft["process"].kill()
+            sft["process"].wait()
+        raise
     results = {"base": evaluate("base", model_dir, out, args, log)}
     finish(sft, log)
     nca_p = start("nca_p", out / "sft", data_dir, out / "nca_p", args.nca_p_steps, log, args.train_args)
