@@ -431,3 +431,58 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     quick = subprocess.run([sys.executable, "-m", "train.study", "--out", str(out), "--seeds", "0"], cwd=ROOT,
                            capture_output=True, text=True)
     assert quick.returncode == 2 and quick.stderr.strip().splitlines() == [error]
+
+
+def test_publish_puts_the_study_on_the_page(tmp_path):
+    from cli.errors import InputError
+    from train.study_tuned import PAGE_BEGIN, PAGE_END, PENDING, page_block, publish
+
+    study, docs = tmp_path / "study", tmp_path / "docs"
+    study.mkdir()
+    docs.mkdir()
+    report = _report({"nca_p": [(90, 60), (92, 64)], "dpo": [(8, 100), (7, 100)]})
+    (study / "study.json").write_text(json.dumps(report))
+    for name in ("study_curves.png", "study_frontier.png"):
+        (study / name).write_bytes(b"png " + name.encode())
+    page = docs / "study.md"
+    page.write_text(f"# The study\n\nbefore\n\n{PAGE_BEGIN}\n\n{PENDING}\n\n{PAGE_END}\n\nafter\n")
+    publish(study, docs)
+    text = page.read_text()
+    block = text.split(PAGE_BEGIN)[1].split(PAGE_END)[0].strip()
+    assert block == page_block(report) and "#### The miniature study, tuned protocol" in block
+    assert "##### The privacy-ability frontier" in block and text.startswith("# The study\n\nbefore")
+    assert text.endswith(f"{PAGE_END}\n\nafter\n") and json.loads((docs / "study_tuned.json").read_text()) == report
+    assert (docs / "study_frontier.png").read_bytes() == b"png study_frontier.png"
+    publish(study, docs)
+    assert page.read_text() == text  # again: the same page
+    page.write_text("no markers\n")
+    with pytest.raises(InputError, match="PAGE_BEGIN"):
+        publish(study, docs)
+    (study / "study_frontier.png").unlink()
+    with pytest.raises(InputError, match="study_frontier.png"):
+        publish(study, docs)
+
+
+def test_the_page_shows_what_the_study_wrote():
+    """docs/study.md's results block is the published study's tables exactly (nothing typed by hand), or the note
+    that the protocol has not run yet where no study of this layout is published."""
+    from train.study_tuned import PAGE_BEGIN, PAGE_END, page_block, read_study
+
+    text = (ROOT / "docs" / "study.md").read_text()
+    block = text.split(PAGE_BEGIN)[1].split(PAGE_END)[0].strip()
+    published = ROOT / "docs" / "study_tuned.json"
+    assert block == page_block(read_study(published) if published.exists() else None)
+
+
+def test_compare_counts_the_values_two_studies_share():
+    """The cross-machine check's count on the issue-33 study: its backbone and two seed-0 runs hold 110 values (the
+    count a second machine reproduced 108 of), each compared bit for bit; a value that moved is named."""
+    from train.study_tuned import compare_runs
+
+    recorded = json.loads((ROOT / "docs" / "study_tuned_issue33.json").read_text())
+    subset = json.loads(json.dumps(recorded))
+    subset["final"] = {m: {"runs": {"seed0": subset["final"][m]["runs"]["seed0"]}} for m in ("nca_p", "nca")}
+    assert compare_runs(recorded, subset) == {"equal": 110, "different": []}
+    subset["final"]["nca"]["runs"]["seed0"]["steps"]["30"]["ics"] += 1e-12
+    result = compare_runs(recorded, subset)
+    assert result["equal"] == 109 and [path for path, _, _ in result["different"]] == ["runs.nca.seed0.steps.30.ics"]
