@@ -159,6 +159,8 @@ def test_kept_settings_from_either_layout(tmp_path):
 
     with pytest.raises(InputError, match="sweep.dpo.kept"):
         kept_settings(new, ["nca", "dpo"])
+    with pytest.raises(InputError, match="no setting for the 2x budget"):
+        kept_settings(old, ["nca"], ["1x", "2x"])
 
 
 # ------------------------------------------------------------------------------------------ compute
@@ -288,7 +290,8 @@ def test_the_verdict_comes_from_the_numbers():
                                                                       "high": 0.7}
     text = verdict_text(report)
     assert "**No method reached it.**" in text and "at 3x, held-out ICS >= 90" in text
-    assert "general acc. 62.0 [36.6, 87.4] (33.0 short)" in text and "refusal 28.0%" in text
+    assert "general acc. 62.0 [36.6, 87.4] (33.0 short). Limited by general ability (of its general answers: " \
+        "refusal 28.0%" in text
     assert "frac_reward_zero_std 0.6 (0.5-0.7)" in text and "2 seeds, not the 10 the goal asks for" in text
     assert text.index("NCA-P:") < text.index("GRPO:")  # closest first: 33 short against 82.5
     assert "**Kept although they did not move**" in text and "GRPO at 3x" in text

@@ -206,8 +206,8 @@ def tuned_settings(args) -> dict:
     if args.steps % args.curve_every:
         raise InputError("command line", None, "--curve-every", f"must divide --steps ({args.steps}), got "
                          f"{args.curve_every}")
-    if args.kept_from:
-        kept_settings(args.kept_from, args.methods)  # every method it lacks: one line now, not after the backbone
+    if args.kept_from:  # a method it lacks, or other budgets: one line now, not after the backbone
+        kept_settings(args.kept_from, args.methods, ["1x", f"{args.long_factor}x"])
     pin_numerics()  # before platform() loads torch: this process evaluates the checkpoints
     machine = platform()
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "seeds", "jobs")}
@@ -215,8 +215,9 @@ def tuned_settings(args) -> dict:
             **{k: machine[k] for k in ("torch", "cpu_capability", "threads", "numerics")}}
 
 
-def kept_settings(path, methods: list[str]) -> dict:
-    """method -> {budget: point} kept by another tuned study.json (before issue 40 one point served every budget)."""
+def kept_settings(path, methods: list[str], budgets: list[str] | None = None) -> dict:
+    """method -> {budget: point} kept by another tuned study.json (before issue 40 one point served every budget);
+    `budgets`: the names this study needs."""
     from cli.errors import InputError, read_json
 
     if not Path(path).is_file():
@@ -230,6 +231,10 @@ def kept_settings(path, methods: list[str]) -> dict:
             raise InputError(path, None, f"sweep.{m}.kept", "missing: that study did not tune this method")
         point = entry["kept"]
         kept[m] = dict(point) if "learning_rate" not in point else {b: point for b in budget_names(report)}
+        lacking = [b for b in budgets or [] if b not in kept[m]]
+        if lacking:
+            raise InputError(path, None, f"sweep.{m}.kept", f"no setting for the {lacking[0]} budget (that study's "
+                             f"budgets: {', '.join(kept[m])}); use its --long-factor")
     return kept
 
 
@@ -661,7 +666,7 @@ def run_protocol(args, out: Path, backbone: Path, data: Path, backbone_rows: dic
         f"{METHOD_NAMES[m]} {p['compute'] / 1000:.1f}" for m, p in plan.items()))
     backbone_val = None
     if args.kept_from:
-        kept = kept_settings(args.kept_from, methods)
+        kept = kept_settings(args.kept_from, methods, list(budgets))
         swept = {m: {"points": [], "kept": kept[m], "from": args.kept_from} for m in methods}
     else:
         backbone_val = run_tasks([("backbone", ctx)], 1)[0]
@@ -835,15 +840,16 @@ def verdict_text(report: dict) -> str:
             parts.append(f"{METRICS[k]} {_ci(e[k])}" + (" (met)" if not e["short"][k] else
                                                           f" ({e['short'][k]:.1f} short)"))
         limits = []
-        if e["short"]["general"] and e["wrong"]:
-            limits.append("general answers wrong as " + ", ".join(f"{METRICS[k].replace(' %', '')} {v:.1f}%"
-                                                                    for k, v in e["wrong"].items()))
         if e["short"]["ics"]:
-            limits.append(f"ICS {e['ics']['mean']:.1f}")
+            limits.append("privacy (ICS)")
+        if e["short"]["general"]:
+            limits.append("general ability" + (" (of its general answers: " + ", ".join(
+                f"{METRICS[k].replace(' %', '')} {v:.1f}%" for k, v in e["wrong"].items()) + ")" if e["wrong"] else ""))
+        text = "; ".join(parts) + (". Limited by " + " and ".join(limits) if limits else "")
         if e.get("logged"):
-            limits.append("logged group statistics (mean over the logged steps, seed range): " + ", ".join(
+            text += (". Its logged group statistics (mean over the logged steps, range over seeds): " + ", ".join(
                 f"{k} {v['mean']:.3g} ({v['low']:.3g}-{v['high']:.3g})" for k, v in e["logged"].items()))
-        entry_text[m] = "; ".join(parts) + (". Limited by: " + "; ".join(limits) if limits else "")
+        entry_text[m] = text
     if g["reached"]:
         names = ", ".join(METHOD_NAMES[m] for m in g["reached"])
         lines.append(f"**Reached by {names}.**")
