@@ -406,6 +406,27 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
 
     tables_main(["tables", str(out / "study.json"), "--alt", str(alt_path)])
 
+    # the cross-machine check, a cheap subset (--kept-from, one seed) in a new folder, here at the long budget's kept
+    # setting and another one for 1x: the common budget gets a run of its own, and the long run repeats this study's
+    # bit for bit (only the training times differ)
+    kept = {"1x": {"learning_rate": 1e-5, "beta": 0.01}, "2x": report["sweep"]["nca_p"]["kept"]["2x"]}
+    kept_path = tmp_path / "kept.json"
+    kept_path.write_text(json.dumps({"budgets": report["budgets"], "sweep": {"nca_p": {"kept": kept}}}))
+    check = run_study(tmp_path / "check", "--kept-from", str(kept_path), "--seeds", "0")
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
+    checked = json.loads((tmp_path / "check" / "study.json").read_text())
+    final = checked["final"]["nca_p"]
+    assert final["kept"] == kept and set(final["runs"]) == set(final["runs_1x"]) == {"seed0"}
+    assert set(final["runs_1x"]["seed0"]["steps"]) == {"2"} and "ics_distr" in final["runs_1x"]["seed0"]["steps"]["2"]
+    assert "ics_distr" not in final["runs"]["seed0"]["steps"]["2"]  # the long run does not serve 1x here
+    assert checked["summary"]["1x"]["nca_p"]["ics"]["mean"] == final["runs_1x"]["seed0"]["steps"]["2"]["ics"]
+    assert "own 2-step runs" in (tmp_path / "check" / "study.md").read_text()
+    from train.study_tuned import compare_runs
+
+    same = compare_runs(report, checked)
+    moved = [path for path, _, _ in same["different"] if not path.startswith("runs_1x.")]  # 1x: another setting
+    assert same["equal"] >= 80 and {path.rsplit(".", 1)[-1] for path in moved} <= {"train_runtime", "train_seconds"}
+
     # a second run trains and generates nothing, and reports the same numbers
     again = run_study(out)
     assert again.returncode == 0, again.stderr[-3000:]

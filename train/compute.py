@@ -177,10 +177,16 @@ def mean_case_tokens(method: str, data: Path, processor, general_fraction: float
     return total / len(cases)
 
 
-def study_plan(data: Path, model: Path, recipes: Path, methods: list[str], sample: int | None = None) -> dict:
+PLANNED_KEYS = {"per_device_train_batch_size": int, "gradient_accumulation_steps": int, "num_generations": int,
+                "beta": float, "general_fraction": float}  # the recipe keys a step's plan reads
+
+
+def study_plan(data: Path, model: Path, recipes: Path, methods: list[str], sample: int | None = None,
+               overrides: list[str] = ()) -> dict:
     """method -> its recipe's planned step (`step_plan`) on this data with this model's processor (`sample` cases
     of each method measured), and GRPO's ratio to DPO's compute per step (one generation round; DPO is measured
-    for it where GRPO runs without it)."""
+    for it where GRPO runs without it). `overrides`: the runs' extra `--key value` arguments (the study's
+    --train-args), applied to the recipes where they set PLANNED_KEYS."""
     from transformers import AutoProcessor
 
     from cli import strict_yaml
@@ -189,6 +195,8 @@ def study_plan(data: Path, model: Path, recipes: Path, methods: list[str], sampl
     plans, measured = {}, {}
     for method in dict.fromkeys([*methods, "dpo"] if "grpo" in methods else methods):
         recipe = strict_yaml.load(Path(recipes) / f"{method}.yaml")
+        recipe.update({key[2:]: PLANNED_KEYS[key[2:]](value) for key, value in zip(overrides, overrides[1:])
+                       if key.startswith("--") and key[2:] in PLANNED_KEYS})
         key = ("dpo" if method == "nca" else method, recipe.get("general_fraction", 0.0))  # NCA trains DPO's pairs
         if key not in measured:
             measured[key] = mean_case_tokens(key[0], data, processor, key[1], sample)

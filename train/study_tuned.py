@@ -661,7 +661,8 @@ def run_protocol(args, out: Path, backbone: Path, data: Path, backbone_rows: dic
     methods = args.methods
     # the compute of one step of every recipe, measured on this study's data (train/compute.py): the basis on which
     # GRPO's prompts and G per step were matched to DPO's
-    plan = study_plan(data, out / "tiny-qwen2vl", ROOT / "recipes" / "study", methods, sample=PLAN_SAMPLE)
+    plan = study_plan(data, out / "tiny-qwen2vl", ROOT / "recipes" / "study", methods, sample=PLAN_SAMPLE,
+                      overrides=args.train_args)
     log("compute per step (k tokens, planned on this data): " + ", ".join(
         f"{METHOD_NAMES[m]} {p['compute'] / 1000:.1f}" for m, p in plan.items()))
     backbone_val = None
@@ -1075,12 +1076,15 @@ def write_report(report: dict, out: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- sizing
-# What a run costs besides its training steps, in seconds, measured on the development machine (docs/study.md,
-# "Sizing", says how): a training launch (accelerate, imports, data, model, saving checkpoints: train()'s wall time
-# less the run's train_runtime) and one checkpoint's evaluation on the validation split, on the held-out bench
-# without distractors, and with both settings; the backbone's phase (its 300 steps, its evaluation with
-# self-moderation and on the validation split, the compute plan) runs alone before the sweep.
-OVERHEAD_SECONDS = {"launch": 0.0, "val": 0.0, "test": 0.0, "test_both": 0.0, "backbone": 0.0}
+# What a run costs besides its training steps, in seconds, measured on the development machine with two runs at once
+# (benchmarks/study_overhead.py, benchmarks/results/study_overhead.json): a training launch (accelerate, imports,
+# data, model, saving checkpoints: the run's wall time less its train_runtime) and one checkpoint's evaluation on the
+# validation split (the first after the launch: it loads the evaluation's code), on the held-out bench without
+# distractors, and with both settings. The backbone's phase (building the data and the tiny model, its 300 steps,
+# its evaluations with self-moderation and on the validation split, the compute plan) runs alone before the sweep:
+# 366 s in the log of `--kept-from docs/study_tuned_issue33.json --methods nca_p nca --seeds 0` (docs/study.md) plus
+# the validation evaluation.
+OVERHEAD_SECONDS = {"launch": 15.5, "val": 11.5, "test": 7.4, "test_both": 16.7, "backbone": 378.0}
 RECORDED_GRPO_SAMPLES = 16  # the recorded study's GRPO step: 4 prompts x G 4, one generation round
 
 
@@ -1111,7 +1115,8 @@ def estimate(recorded: dict, methods: list[str], sweep_seeds: int, seeds: int, j
     sweep_run = {m: overhead["launch"] + factor * steps * step_seconds[m] + 2 * overhead["val"] for m in methods}
     long_run = {m: overhead["launch"] + factor * steps * step_seconds[m] + (curve - 2) * overhead["test"]
                 + 2 * overhead["test_both"] for m in methods}
-    common_run = {m: overhead["launch"] + steps * step_seconds[m] + overhead["test_both"] for m in methods}
+    # a method that keeps another 1x setting: its 1x runs, less the long runs' second both-settings evaluation
+    common_run = {m: overhead["launch"] + steps * step_seconds[m] + overhead["test"] for m in methods}
     sweep_total = sum(points[m] * sweep_seeds * sweep_run[m] for m in methods)
     final_total = sum(seeds * long_run[m] for m in methods)
     serial = overhead["backbone"]
