@@ -677,8 +677,9 @@ def run_protocol(args, out: Path, backbone: Path, data: Path, backbone_rows: dic
     tasks = [("final", ctx, m, kept[m][long], s, ctx["long_steps"]) for s in args.seeds for m in methods]
     tasks += [("final", ctx, m, kept[m]["1x"], s, ctx["steps"]) for s in args.seeds for m in methods
               if not ctx["common_from_long"][m]]
-    log(f"final: {len(tasks)} runs at the kept settings ({sum(t[-1] == ctx['long_steps'] for t in tasks)} of "
-        f"{ctx['long_steps']} steps), {args.jobs} at a time")
+    common = sum(t[-1] != ctx["long_steps"] for t in tasks)
+    log(f"final: {len(tasks)} runs at the kept settings ({len(tasks) - common} of {ctx['long_steps']} steps, {common} of "
+        f"{ctx['steps']}), {args.jobs} at a time")
     final = {m: {"kept": kept[m], "runs": {}} for m in methods}
     for (_, _, m, _, s, total), result in zip(tasks, run_tasks(tasks, args.jobs)):
         own = total == ctx["steps"] and not ctx["common_from_long"][m] and ctx["steps"] != ctx["long_steps"]
@@ -709,15 +710,18 @@ PLAN_SAMPLE = 600  # training cases per method the per-step plan is measured on 
 
 # ------------------------------------------------------------------------------------------------- report
 def _fmt(value, digits: int = 1) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
+    if value is None:
+        return "n/a"
+    text = f"{value:.{digits}f}"
+    return text[1:] if text.startswith("-") and not float(text) else text  # no "-0.0"
 
 
 def _ci(summary: dict | None, digits: int = 1) -> str:
     if not summary:
         return "n/a"
     if summary["low"] is None:
-        return f"{summary['mean']:.{digits}f}"
-    return f"{summary['mean']:.{digits}f} [{summary['low']:.{digits}f}, {summary['high']:.{digits}f}]"
+        return _fmt(summary["mean"], digits)
+    return f"{_fmt(summary['mean'], digits)} [{_fmt(summary['low'], digits)}, {_fmt(summary['high'], digits)}]"
 
 
 def _p(p: float | None) -> str:
