@@ -26,11 +26,12 @@ study: OUT = outputs/study
 study: $(STAMP)
 	$(OFFLINE) $(PY) -m train.study --out $(OUT)
 
-# The tuned protocol (docs/study.md): per-method sweep on a validation split, 10 seeds at the kept settings, 1x and 3x
-# budgets, learning curves, intervals and paired tests; two runs at a time (docs/study.md: time and sizing).
+# The tuned protocol (docs/study.md): the five methods, each swept per budget on a validation split, 10 seeds at the
+# kept settings, 1x and 3x budgets matched in compute, learning curves, intervals, paired tests, the frontier and the
+# verdict; two runs at a time (docs/study.md: time and sizing). Then `python -m train.study_tuned publish $(OUT)`.
 study-tuned: OUT = outputs/study-tuned
 study-tuned: $(STAMP)
-	$(OFFLINE) $(PY) -m train.study --protocol tuned --jobs 2 --out $(OUT)
+	$(OFFLINE) $(PY) -m train.study --protocol tuned --jobs 2 --methods sft dpo nca nca_p grpo --out $(OUT)
 
 # The suite on a worker per core (pytest-xdist; modules with expensive shared fixtures stay on one worker, see
 # tests/conftest.py); its budget is in docs/development.md.

@@ -1,5 +1,6 @@
-"""Statistics over repeated runs (seeds), as pure functions: the mean with a Student t 95% interval, and the paired
-difference of two methods on the same seeds with its interval and a two-sided paired t-test.
+"""Statistics over repeated runs (seeds), as pure functions: the mean with a Student t 95% interval, the paired
+difference of two methods on the same seeds with its interval and a two-sided paired t-test; one run's measurement
+noise on a finite item set (is a run distinguishable from the backbone?) and the Pareto front of two scores.
 
 Student t because the seeds are few (5) and a bootstrap over 5 values cannot reach the tails; the interval is
 mean ± t(0.975, n-1) * s / sqrt(n) with s the sample standard deviation. A difference whose interval covers 0 is
@@ -91,3 +92,21 @@ def paired_difference(a: dict, b: dict, confidence: float = CONFIDENCE) -> dict:
     covers = result["low"] <= 0 <= result["high"]
     verdict = "indistinguishable" if covers else ("first higher" if result["mean"] > 0 else "second higher")
     return {**result, "p": p, "verdict": verdict}
+
+
+def proportion_noise(percent: float, n: int) -> float:
+    """One run's measurement noise, in points, of a score in % over n items: the binomial standard error at that
+    score, sqrt(p (1 - p) / n), and at least one item's worth (100 / n), since at 0 or 100% the binomial error
+    vanishes and yet one answer changing is not a model that moved."""
+    if n < 1:
+        raise ValueError(f"a score over {n} items has no noise to speak of")
+    p = min(max(percent / 100, 0.0), 1.0)
+    return 100 * max(math.sqrt(p * (1 - p) / n), 1 / n)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """The indexes of the points that no other point beats on both axes (at least as high on both and higher on
+    one), ordered by the first axis then the second: the frontier through the best. Equal points are all kept."""
+    front = [i for i, (x, y) in enumerate(points)
+             if not any(a >= x and b >= y and (a > x or b > y) for a, b in points)]
+    return sorted(front, key=lambda i: points[i])

@@ -63,7 +63,16 @@ class NCAPTrainer(VisionDPOTrainer):
         policy, logratios = self.example_logratios(model, inputs)
         loss = nca_p_loss(logratios[:, :2], logratios[:, 2:], self.beta).mean()
         self._log_metrics(policy.detach(), logratios.detach())
+        self._count_tokens(inputs)
         return (loss, None) if return_outputs else loss
+
+    def _count_tokens(self, inputs) -> None:
+        """TRL's running `num_tokens`, which its DPO loss logs and this one replaces: the real tokens of the four
+        sequences of every example (the unpacked rows' attention masks; train/compute.py counts compute from it)."""
+        mode = "train" if self.model.training else "eval"
+        if mode == "train":
+            self._total_train_tokens += self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum().item()
+        self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
 
     def _log_metrics(self, policy: torch.Tensor, logratios: torch.Tensor) -> None:
         mode = "train" if self.model.training else "eval"

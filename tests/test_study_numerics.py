@@ -40,6 +40,9 @@ def test_cpu_record_from_cpuinfo_and_sysfs(tmp_path):
     assert cpu_record(tmp_path / "absent") == {}
     line = _machine({"cpu": record, "numerics": NUMERICS})
     assert "AuthenticAMD family 25 model 17 (AMD EPYC 9654)" in line and "DNNL_MAX_CPU_ISA=AVX2" in line
+    # the page names the machine as lscpu does, and says whether it has AVX-512 (the second machine had not)
+    line = _machine({"cpu": record, "lscpu_model": "AMD EPYC 9654 96-Core Processor", "avx512": False})
+    assert "family 25 model 17 (AMD EPYC 9654 96-Core Processor, AVX-512 no)" in line
     assert _machine({}) == ""  # a study.json from before the record
 
 
@@ -55,6 +58,7 @@ def test_platform_record_holds_the_cpu_and_the_pins_in_force():
     cpu = record["cpu"]
     assert {"vendor_id", "cpu family", "model", "model name", "flags"} <= set(cpu) and "avx2" in cpu["flags"]
     assert record["processor"] == cpu["model name"]
+    assert record["avx512"] == ("avx512f" in cpu["flags"]) and "lscpu_model" in record
 
 
 REPORTER = """

@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         text = study_tuned.write_report({**report, "settings": settings}, out)
         print("\n" + text)
         log(f"done in {report['wall_seconds']} s: {out / 'study.json'}, {out / 'study.md'}, "
-            f"{out / 'study_curves.png'}")
+            f"{out / 'study_curves.png'}, {out / 'study_frontier.png'}")
         return
     per_seed = {row: {"deterministic": values} for row, values in backbone_rows.items()}
     for seed in args.seeds:  # seed-major, each run evaluated once trained: a stopped study has whole seeds
