@@ -12,6 +12,10 @@ for key, value in {
     "OMP_NUM_THREADS": "1",
 }.items():
     os.environ.setdefault(key, value)
+# This checkout first on the path of every command a test starts, as the tests that name it set it: one environment
+# for tests/forked_python.py's preloaded interpreter instead of one with and one without it.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([_ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
 
 import pytest  # noqa: E402
 
