@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers.utils import logging
 from accelerate.utils import gather_object
+from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
 
 from cli.errors import RunStopped

@@ -317,10 +317,8 @@ def run_grpo(*args, cwd=ROOT):
     (("--max_missing_reward_share", "1.5"), "max_missing_reward_share: must be in [0, 1]"),
     (("--general_fraction", "0.3"), "general_fraction > 0 and general_data_path go together"),
     (("--judge", "gpt-4o", "--judge_api_key_env", "NO_SUCH_KEY_I33"), "NO_SUCH_KEY_I33: not set"),
-    (("--dynamic_sampling_max_extra_rounds", "0"), "dynamic_sampling_max_extra_rounds: must be >= 1, got 0"),
-    (("--scale_rewards", "batch"), "scale_rewards: dynamic_sampling needs `group` or `none`"),
 ], ids=["name", "weights-count", "weights-negative", "judge-url", "judge-concurrency", "missing-share",
-        "general-mix", "judge-key", "dynamic-sampling-rounds", "dynamic-sampling-scale"])
+        "general-mix", "judge-key"])
 def test_bad_grpo_settings_are_one_line_before_the_model_loads(overrides, message, tmp_path):
     result = run_grpo("--model_name_or_path", str(tmp_path / "no-such-model"), "--output_dir", str(tmp_path / "o"),
                       *overrides, cwd=tmp_path)
@@ -328,6 +326,32 @@ def test_bad_grpo_settings_are_one_line_before_the_model_loads(overrides, messag
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], lines
     assert "Traceback" not in result.stderr and not (tmp_path / "o").exists()
+
+
+def test_dynamic_sampling_settings_are_checked_with_the_others(monkeypatch):
+    """The bound and the normalisations dynamic sampling cannot take: check_grpo's one line (the launch path of the
+    cases above), naming the field; the trainer refuses them too."""
+    from trl import ModelConfig
+
+    from cli.errors import InputError
+    from train.common import SpyTuneArguments, parse_recipe
+    from train.grpo import check_grpo
+
+    for overrides, message in [
+            (("--dynamic_sampling_max_extra_rounds", "0"), "dynamic_sampling_max_extra_rounds: must be >= 1, got 0"),
+            (("--scale_rewards", "batch"), "scale_rewards: dynamic_sampling needs `group` or `none`"),
+            (("--multi_objective_aggregation", "normalize_then_sum"), "multi_objective_aggregation: dynamic_sampling "
+                                                                      "needs `sum_then_normalize`")]:
+        monkeypatch.setattr(sys, "argv", ["grpo.py", str(ROOT / "recipes" / "demo" / "grpo.yaml"), *overrides])
+        script_args, args, _ = parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)
+        with pytest.raises(InputError) as error:
+            check_grpo(script_args, args)
+        assert message in str(error.value) and "command line" in str(error.value)
+        with pytest.raises(ValueError, match=message.split(":")[0]):
+            VisionGRPOTrainer(model=None, reward_funcs=[], args=args)
+    monkeypatch.setattr(sys, "argv", ["grpo.py", str(ROOT / "recipes" / "demo" / "grpo.yaml"), "--scale_rewards",
+                                      "batch", "--dynamic_sampling", "false"])
+    check_grpo(*parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)[:2])  # without it, fine
 
 
 @pytest.fixture(scope="module")
@@ -475,10 +499,6 @@ def test_grpo_prompts_carry_what_the_rewards_need(grpo_data):
 
 # ---- dynamic sampling (DAPO: losses/dynamic_sampling.py, VisionGRPOTrainer._dynamically_sampled) --------------------
 
-def row_key(row: dict) -> tuple:
-    return row["p_label"], row["question"], row["expected_verdict"], row["answer"]
-
-
 def rewards_by_task(flat: tuple[str, ...] = ("general",), calls: list | None = None):
     """A reward fixed by the prompt: the same for every completion of a `flat` task's prompt (zero spread), the
     completion's place in its group otherwise (spread); `calls` gets each call's (step, prompts: one per group), one
@@ -547,7 +567,8 @@ def test_dynamic_sampling_drops_exactly_the_zero_spread_groups(tiny_model_dir, g
     rounds = capture_rounds(monkeypatch)
     batch = scored(trainer, general_then_spy(dataset), packed=True)
 
-    keys, tasks = [row_key(r) for r in dataset], dataset["task"]
+    keys = list(zip(dataset["p_label"], dataset["question"], dataset["expected_verdict"], dataset["answer"]))
+    tasks = dataset["task"]
     wanted, zero_spread, round_ = [(0, 1)], [[True, False]], 0
     while len(wanted) < 2:
         round_ += 1
