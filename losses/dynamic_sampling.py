@@ -49,10 +49,12 @@ def group_spread(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
 def group_statistics(rewards: torch.Tensor, total: torch.Tensor, names: list[str], kinds: list[str],
                      group_size: int) -> dict[str, float]:
     """Where a generation batch's signal is (logged per round, `groups/...`): per kind of prompt (`kinds`, one per
-    row: general / respond / reject), the share of its groups with zero spread; the share of refusal-expected groups
-    in which any sample complied (`privacy_compliance` 1: the policy produced a refusal to learn from); and, per reward
-    function, the share of the groups with spread in which that function alone varies (the one that owns their
-    advantage). `rewards`: (rows, functions), `total`: the weighted total, NaN = missing."""
+    row: the general task; SPY with an answer expected (`respond`); a customizable category under a private
+    instruction (`reject`); an absolute category, refused whatever the instruction (`absolute`)), the share of its
+    groups with zero spread; the share of the `reject` groups in which any sample complied (`privacy_compliance` 1:
+    the policy produced a refusal to learn from); and, per reward function, the share of the groups with spread in
+    which that function alone varies (the one that owns their advantage). `rewards`: (rows, functions), `total`:
+    the weighted total, NaN = missing."""
     zero, unscored = group_spread(total, group_size)
     grouped = rewards.view(-1, group_size, len(names))
     varies = ~torch.isclose(nanstd(grouped, dim=1), torch.zeros(())) & ((~torch.isnan(grouped)).sum(1) >= 2)

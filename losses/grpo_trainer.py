@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer for SPY-Tune: tree-packed groups, and a judge failure as a missing reward, never a zero.
 
-Two hooks, the narrowest TRL has for each:
+Three hooks, the narrowest TRL has for each:
 
 - `_get_per_token_logps_and_entropies`, the one function behind every log-prob pass (the policy in the loss, the
   reference, the old policy when `num_iterations > 1` or steps are misaligned): with `packed` (default on for the
@@ -20,7 +20,8 @@ Two hooks, the narrowest TRL has for each:
   batch, rows generated on another process included, so two processes train on what one process would.
 
 Every generation batch logs the tokens its generation took, every round included (`generation/prompt_tokens`,
-`generation/completion_tokens`, summed over processes); with dynamic sampling also `dynamic_sampling/*`.
+`generation/completion_tokens`, summed over processes: counted in `_generate`), where the signal is
+(`groups/*`: losses/dynamic_sampling.py's group_statistics, per round), and with dynamic sampling `dynamic_sampling/*`.
 """
 
 from __future__ import annotations
@@ -189,7 +190,8 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
         total[torch.isnan(rewards).all(1)] = torch.nan
         self._total_rewards = total
         if all(key in inputs[0] for key in ("task", "expected_verdict")):  # SPY-Tune's prompts: where the signal is
-            kinds = gather_object([x["expected_verdict"] if x["task"] == "spy" else x["task"] for x in inputs])
+            kinds = gather_object([x["task"] if x["task"] != "spy" else "absolute" if x.get("absolute")
+                                   else x["expected_verdict"] for x in inputs])
             for key, value in group_statistics(rewards, total, self.reward_func_names, kinds,
                                                self.num_generations).items():
                 self._metrics[mode][key].append(value)

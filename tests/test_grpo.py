@@ -586,8 +586,30 @@ def test_dynamic_sampling_drops_exactly_the_zero_spread_groups(tiny_model_dir, g
     assert metrics["dynamic_sampling/extra_rounds"] == round_
     assert metrics["dynamic_sampling/dropped_share"] == pytest.approx(sum(map(sum, zero_spread)) / drawn)
     assert metrics["dynamic_sampling/padded_share"] == 0
+    assert metrics["groups/zero_spread/general"] == 1  # logged per round: general groups are flat here
+    assert all(metrics.get(f"groups/zero_spread/{k}", 0) == 0 for k in ("respond", "reject", "absolute"))
     assert metrics["generation/prompt_tokens"] == sum(int(r["prompt_mask"].sum()) for r in rounds)
     assert metrics["generation/completion_tokens"] == sum(int(r["completion_mask"].sum()) for r in rounds)
+
+
+def test_group_statistics_say_where_the_signal_is():
+    """Per kind of prompt the zero-spread share, refusal-expected groups holding a compliant sample, and which reward
+    alone varies in the groups with spread; on fixed numbers (G = 2: compliance, helpfulness per sample)."""
+    from losses.dynamic_sampling import group_statistics
+
+    rewards = torch.tensor([[0, 1], [0, 1],        # general, all right: zero spread
+                            [1, 0], [0, 0],        # reject, one refusal: compliance alone varies
+                            [0, 0], [0, 0],        # reject, no refusal: zero spread
+                            [1, 0.5], [1, 0.9],    # respond, helpfulness alone varies
+                            [1, 0.5], [0, 0.0],    # respond, one refusal: both vary
+                            [1, 0], [1, 0]])       # absolute, both refused: zero spread, not a `reject` group
+    kinds = ["general"] * 2 + ["reject"] * 4 + ["respond"] * 4 + ["absolute"] * 2
+    stats = group_statistics(rewards, rewards.sum(1), ["privacy_compliance", "helpfulness"], kinds, 2)
+    assert stats == {"groups/zero_spread/absolute": 1.0, "groups/zero_spread/general": 1.0,
+                     "groups/zero_spread/reject": 0.5,
+                     "groups/zero_spread/respond": 0.0, "groups/reject_with_refusal": 0.5,
+                     "groups/spread_only/privacy_compliance": pytest.approx(1 / 3),
+                     "groups/spread_only/helpfulness": pytest.approx(1 / 3)}
 
 
 def test_dynamic_sampling_bound_stops_the_refill(tiny_model_dir, grpo_data, tmp_path, monkeypatch):
