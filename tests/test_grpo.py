@@ -28,7 +28,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from data_prep.spy_tune import build_dataset
 from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer
-from losses.rewards import answer_match, compliance, helpfulness_score
+from losses.rewards import answer_match, compliance, general_accuracy_score, helpfulness_score
 from train.rewards import JudgeSettings, VerdictJudge, make_reward_funcs
 from train.tiny_model import FAMILIES
 from vlm.families import supports_packing
@@ -245,6 +245,10 @@ def test_rewards_score_what_spy_expects():
     assert helpfulness_score("red", "respond", "red", "general") == 1.0
     assert helpfulness_score("The colour is red", "respond", "red", "general") == 0.0  # exact match only
     assert helpfulness_score("anything", "reject", "I cannot", "spy") == 0.0  # not this reward's case
+    # the general task's anchor alone: exact match there, nothing on SPY prompts (their F1 left out)
+    assert general_accuracy_score("Red.", "red", "general") == 1.0
+    assert general_accuracy_score("I'm sorry, I cannot say.", "red", "general") == 0.0
+    assert general_accuracy_score("The car is red.", "The car is red.", "spy") == 0.0
 
 
 def judge_reply(request):
