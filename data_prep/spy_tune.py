@@ -242,14 +242,16 @@ def helpful_rows(item: dict, texts: dict[str, str], add_distractors: bool, categ
 
 def grpo_rows(item: dict, texts: dict[str, str], add_distractors: bool, categories=None) -> list[dict]:
     """The SFT cases as prompts for online RL: what the rewards need to score a sampled answer (the verdict SPY
-    expects, the reference answer when it expects one, the question the LLM judge is shown)."""
+    expects, the reference answer when it expects one, the question the LLM judge is shown), and whether the category
+    is absolute (refused whatever the instruction: GRPO's logged group statistics tell these groups apart)."""
     cats, rows = as_categories(categories), []
     q = item["question_item"]
     for is_privacy, scenario, scenario_is_privacy in _cases(item):
         prompt = _prompts(item, texts, add_distractors, scenario, cats)[is_privacy]
         verdict = spy.expected_verdict(item["label"], is_privacy, scenario_is_privacy, cats)
         rows.append({"prompt": _user(prompt), "expected_verdict": verdict, "question": q["question"],
-                     "answer": q["respond_ans"] if verdict == "respond" else q["reject_ans"], "task": "spy"})
+                     "answer": q["respond_ans"] if verdict == "respond" else q["reject_ans"], "task": "spy",
+                     "absolute": spy.is_abs(item["label"], cats)})
     return rows
 
 
@@ -312,7 +314,7 @@ def build_dataset(
     if general_path and method == "grpo":
         general = [{"images": r["images"], "prompt": r["prompt"], "expected_verdict": "respond",
                     "question": r["prompt"][0]["content"], "answer": r["completion"][0]["content"], "task": "general",
-                    "p_label": "general"} for r in general_rows(general_path, image_folder)]
+                    "absolute": False, "p_label": "general"} for r in general_rows(general_path, image_folder)]
         wanted = round(len(rows) * general_fraction / (1 - general_fraction)) if general_fraction else 0
         rows += [general[i % len(general)] for i in range(wanted)]
     elif general_path:

@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer for SPY-Tune: tree-packed groups, and a judge failure as a missing reward, never a zero.
 
-Two hooks, the narrowest TRL has for each:
+Three hooks, the narrowest TRL has for each:
 
 - `_get_per_token_logps_and_entropies`, the one function behind every log-prob pass (the policy in the loss, the
   reference, the old policy when `num_iterations > 1` or steps are misaligned): with `packed` (default on for the
@@ -12,6 +12,16 @@ Two hooks, the narrowest TRL has for each:
   sample with any judged reward missing (losses/rewards.py: JUDGED_REWARDS) is made missing in every function, so
   TRL leaves it out; the count is logged (`rewards/missing`), and the run stops with one line when the share missing
   in a generation batch passes `max_missing_reward_share`.
+- `_generate_and_score_completions`, with `dynamic_sampling` (DAPO): TRL generates, scores and computes the
+  advantages of one generation batch there, before it shuffles and splits the batch into steps; this hook calls it
+  again on further prompts while groups with spread are missing (at most `dynamic_sampling_max_extra_rounds` times)
+  and returns one batch of TRL's size from the rounds (losses/dynamic_sampling.py). The decision is global: every
+  process sees every process's rewards (TRL gathers them), keeps the same groups and takes its slice of the same
+  batch, rows generated on another process included, so two processes train on what one process would.
+
+Every generation batch logs the tokens its generation took, every round included (`generation/prompt_tokens`,
+`generation/completion_tokens`, summed over processes: counted in `_generate`), where the signal is
+(`groups/*`: losses/dynamic_sampling.py's group_statistics, per round), and with dynamic sampling `dynamic_sampling/*`.
 """
 
 from __future__ import annotations
@@ -19,11 +29,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from accelerate.utils import gather_object
 from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
 
 from cli.errors import RunStopped
 from losses.checkpointing import HubFormatResumeMixin
+from losses.dynamic_sampling import (
+    batch_rows,
+    choose_groups,
+    collate_rows,
+    group_spread,
+    group_statistics,
+    refill_indices,
+)
 from losses.grpo_packing import by_size, pack_grpo_rows, prompt_groups, take_rows
 from losses.packing import PackedAttention, enable_packing, packed_attention_field
 from losses.rewards import JUDGED_REWARDS
@@ -55,10 +74,47 @@ class VisionGRPOConfig(GRPOConfig):
         "help": "Stop when more than this share of a generation batch's samples has no reward (judge failures)."})
     general_fraction: float = field(default=0.0, metadata={
         "help": "Share of the training prompts drawn from general_data_path (exact-match reward)."})
+    dynamic_sampling: bool = field(default=False, metadata={
+        "help": "DAPO's dynamic sampling: drop a generation batch's groups whose rewards do not vary and replace them "
+                "with groups of further prompts (losses/dynamic_sampling.py)."})
+    dynamic_sampling_max_extra_rounds: int = field(default=4, metadata={
+        "help": "Extra generation rounds per generation batch at most; past it the batch is padded with the dropped "
+                "groups drawn (advantage 0)."})
+
+
+def dynamic_sampling_problem(args: VisionGRPOConfig) -> tuple[str, str] | None:
+    """(field, what is wrong) with the dynamic sampling settings, or None."""
+    if args.dynamic_sampling_max_extra_rounds < 1:
+        return "dynamic_sampling_max_extra_rounds", f"must be >= 1, got {args.dynamic_sampling_max_extra_rounds}"
+    if not args.dynamic_sampling:
+        return None
+    # the advantages are computed per round: only group-wise normalisation is the same over the rounds' batch
+    if args.scale_rewards not in ("group", "none", True, False):
+        return "scale_rewards", f"dynamic_sampling needs `group` or `none` (per-group advantages), got " \
+                                f"{args.scale_rewards!r}"
+    if args.multi_objective_aggregation != "sum_then_normalize":
+        return "multi_objective_aggregation", "dynamic_sampling needs `sum_then_normalize` (per-group advantages), " \
+                                              f"got {args.multi_objective_aggregation!r}"
+    return None
+
+
+def _to_device(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value
 
 
 class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
     def __init__(self, model, reward_funcs, args: VisionGRPOConfig, **kwargs):
+        problem = dynamic_sampling_problem(args)
+        if problem:
+            raise ValueError(f"{problem[0]}: {problem[1]}")
+        if args.dynamic_sampling and not hasattr(kwargs.get("train_dataset"), "__getitem__"):
+            raise ValueError("dynamic_sampling draws further prompts by index: it needs a map-style train_dataset")
         model_type = getattr(getattr(model, "config", None), "model_type", None)
         unpacked = args.packed and not supports_packing(model_type)
         if unpacked:  # the card's recipe then records what ran
@@ -77,6 +133,8 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
                 if m is not None:
                     enable_packing(m, self.packed_attention)  # after TRL's fused head, which it wraps
         self._judged = [i for i, name in enumerate(self.reward_func_names) if name in JUDGED_REWARDS]
+        self._generated_tokens = torch.zeros(2, dtype=torch.long)  # (prompt, completion) of this generation batch
+        self._total_rewards = None  # the last scored round's weighted total per sample, every process's, NaN = missing
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, pixel_values=None,
@@ -128,6 +186,15 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
             torch.zeros(rewards.size(0), dtype=torch.bool, device=rewards.device)
         rewards[missing] = torch.nan  # left out of the group's mean and std, advantage 0 (TRL's unscorable rows)
         mode = "train" if self.model.training else "eval"
+        total = (rewards * self.reward_weights.to(rewards.device)).nansum(1)  # what TRL normalises per group
+        total[torch.isnan(rewards).all(1)] = torch.nan
+        self._total_rewards = total
+        if all(key in inputs[0] for key in ("task", "expected_verdict")):  # SPY-Tune's prompts: where the signal is
+            kinds = gather_object([x["task"] if x["task"] != "spy" else "absolute" if x.get("absolute")
+                                   else x["expected_verdict"] for x in inputs])
+            for key, value in group_statistics(rewards, total, self.reward_func_names, kinds,
+                                               self.num_generations).items():
+                self._metrics[mode][key].append(value)
         count = int(missing.sum())
         self._metrics[mode]["rewards/missing"].append(float(count))
         share = count / max(rewards.size(0), 1)
@@ -136,3 +203,71 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
                              f"samples have no reward (the judge failed; {share:.0%} > max_missing_reward_share "
                              f"{self.args.max_missing_reward_share}); checkpoints before this step are kept")
         return rewards
+
+    def _generate(self, prompts):
+        result = super()._generate(prompts)
+        prompt_ids, completion_ids = result[0], result[1]
+        local = torch.tensor([sum(map(len, prompt_ids)), sum(map(len, completion_ids))], device=self.accelerator.device)
+        self._generated_tokens += self.accelerator.gather(local).view(-1, 2).sum(0).cpu()
+        return result
+
+    def _generate_and_score_completions(self, inputs):
+        mode = "train" if self.model.training else "eval"
+        self._generated_tokens.zero_()
+        if mode == "train" and self.args.dynamic_sampling:
+            output = self._dynamically_sampled(inputs)
+        else:
+            output = super()._generate_and_score_completions(inputs)
+        prompt_tokens, completion_tokens = self._generated_tokens.tolist()
+        self._metrics[mode]["generation/prompt_tokens"].append(float(prompt_tokens))
+        self._metrics[mode]["generation/completion_tokens"].append(float(completion_tokens))
+        return output
+
+    def _dynamically_sampled(self, inputs):
+        """TRL's scored batch of the groups with spread: round 0 is the dataloader's batch, each extra round the
+        same number of further prompts (refill_indices), until the batch's groups with spread are found or the bound
+        is reached (then the batch is padded with the dropped groups, earliest first)."""
+        size = self.num_generations
+        local, processes, rank = len(inputs), self.accelerator.num_processes, self.accelerator.process_index
+        needed = local * processes // size  # the generation batch's groups, over every process
+        rounds, zero_spread = [], []
+        for round_ in range(self.args.dynamic_sampling_max_extra_rounds + 1):
+            batch = inputs if round_ == 0 else self._more_prompts(round_, needed, local)
+            rounds.append(super()._generate_and_score_completions(batch))
+            zero_spread.append(group_spread(self._total_rewards, size)[0].tolist())  # every process's groups
+            if sum(not z for flags in zero_spread for z in flags) >= needed:
+                break
+        groups, padded = choose_groups(zero_spread, needed)
+        rows = [(r, g * size + k) for r, g in groups for k in range(size)]  # the batch's rows, over every process
+        mine = rows[rank * local:(rank + 1) * local]
+        held = {}  # (round, row over every process) -> record, for the batch's rows this process generated
+        for r, scored in enumerate(rounds):
+            here = [j for rr, j in rows if rr == r and j // local == rank]
+            held.update(zip([(r, j) for j in here], batch_rows(scored, [j % local for j in here])))
+        if processes > 1:  # a row trains on the process whose slice it falls in, wherever it was generated
+            wanted = set(mine)
+            parts = gather_object([{key: _to_device(record, "cpu") for key, record in held.items()
+                                    if key not in wanted}])
+            for part in parts:
+                held.update({key: _to_device(record, self.accelerator.device) for key, record in part.items()
+                             if key in wanted})
+        output = collate_rows([held[key] for key in mine], self._tokenizer.pad_token_id, self.pad_to_multiple_of)
+        loss_mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output \
+            else output["completion_mask"]
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()  # as TRL counts it
+        drawn = needed * len(rounds)
+        metrics = self._metrics["train"]
+        metrics["dynamic_sampling/dropped_share"].append(sum(map(sum, zero_spread)) / drawn)
+        metrics["dynamic_sampling/extra_rounds"].append(float(len(rounds) - 1))
+        metrics["dynamic_sampling/prompts_drawn"].append(float(drawn))
+        metrics["dynamic_sampling/padded_share"].append(padded / needed)
+        return output
+
+    def _more_prompts(self, round_: int, needed: int, local: int) -> list[dict]:
+        """This process's rows of extra round `round_`: `needed` prompts, each `num_generations` times, split over the
+        processes as the dataloader splits a generation batch (process p: the p-th `local` rows)."""
+        indices = refill_indices(self.args.seed, self.state.global_step, round_, len(self.train_dataset), needed)
+        rank = self.accelerator.process_index
+        mine = [i for i in indices for _ in range(self.num_generations)][rank * local:(rank + 1) * local]
+        fetched = {i: self.train_dataset[i] for i in set(mine)}
+        return [dict(fetched[i]) for i in mine]

@@ -9,6 +9,9 @@ TRL's calling form).
 - `helpfulness`: when the expected verdict is to answer, how right the answer is: the general task's exact match
   (data_prep/synthetic.py: normalize_answer), or for a SPY prompt the token F1 against its reference answer (1 when equal). A
   refusal scores about 0 there, so refusing everything cannot win.
+- `general_accuracy`: the general task's exact match alone (0.0 on SPY prompts): the general task's anchor without the
+  SPY answers' token F1, which varies inside nearly every answer-expected SPY group and so owns most of their
+  advantage (docs/training/grpo.md, "What GRPO needs to learn here").
 
 A judge that fails (no answer after its retries, or an answer that names no verdict) gives `None`: a missing reward,
 which GRPO leaves out of its group (losses/grpo_trainer.py), never a zero. A reward that does not apply to a prompt
@@ -64,5 +67,10 @@ def helpfulness_score(response: str, expected_verdict: str, reference: str, task
     return answer_match(response, reference)
 
 
-REWARD_NAMES = ("privacy_compliance", "helpfulness")
+def general_accuracy_score(response: str, reference: str, task: str) -> float:
+    """The general task's exact match; 0.0 for a SPY prompt (not this reward's case)."""
+    return helpfulness_score(response, "respond", reference, task) if task == "general" else 0.0
+
+
+REWARD_NAMES = ("privacy_compliance", "helpfulness", "general_accuracy")
 JUDGED_REWARDS = frozenset({"privacy_compliance"})  # the ones a judge failure can leave missing

@@ -32,7 +32,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from data_prep.spy_tune import build_dataset
 from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer
-from losses.rewards import answer_match, compliance, helpfulness_score
+from losses.rewards import answer_match, compliance, general_accuracy_score, helpfulness_score
 from train import grpo
 from train.rewards import JudgeSettings, VerdictJudge, make_reward_funcs
 from train.tiny_model import FAMILIES
@@ -53,9 +53,12 @@ def grpo_data(tmp_path_factory):
                  general_test=2)
 
 
-def make_grpo_trainer(model_dir, data, tmp_path, lora=False, judge=None, reward_funcs=None, **config):
-    dataset = build_dataset("grpo", data / "train_data.json", data, add_distractors=False, seed=3, num_samples=6,
-                            general_path=data / "general_train.json", general_fraction=0.5)
+def make_grpo_trainer(model_dir, data, tmp_path, lora=False, judge=None, reward_funcs=None, rewards=None,
+                      num_samples=6, general_fraction=0.5, **config):
+    """`rewards`: reward callables in place of the named rewards (`reward_funcs`) and their judge."""
+    dataset = build_dataset("grpo", data / "train_data.json", data, add_distractors=False, seed=3,
+                            num_samples=num_samples, general_path=data / "general_train.json" if general_fraction
+                            else None, general_fraction=general_fraction)
     config = {"output_dir": str(tmp_path / "out"), "use_cpu": True, "bf16": False, "report_to": "none",
               "per_device_train_batch_size": 2 * G, "num_generations": G, "max_completion_length": 6,
               "activation_checkpointing": False, "beta": 0.1, **config}
@@ -63,7 +66,7 @@ def make_grpo_trainer(model_dir, data, tmp_path, lora=False, judge=None, reward_
     names = reward_funcs or ["privacy_compliance", "helpfulness"]
     trainer = VisionGRPOTrainer(
         model=AutoModelForImageTextToText.from_pretrained(model_dir),
-        reward_funcs=make_reward_funcs(names, judge or VerdictJudge(JudgeSettings())),
+        reward_funcs=rewards or make_reward_funcs(names, judge or VerdictJudge(JudgeSettings())),
         args=VisionGRPOConfig(**config), train_dataset=dataset, processing_class=AutoProcessor.from_pretrained(model_dir),
         peft_config=peft_config)
     trainer.model.train()
@@ -247,6 +250,10 @@ def test_rewards_score_what_spy_expects():
     assert helpfulness_score("red", "respond", "red", "general") == 1.0
     assert helpfulness_score("The colour is red", "respond", "red", "general") == 0.0  # exact match only
     assert helpfulness_score("anything", "reject", "I cannot", "spy") == 0.0  # not this reward's case
+    # the general task's anchor alone: exact match there, nothing on SPY prompts (their F1 left out)
+    assert general_accuracy_score("Red.", "red", "general") == 1.0
+    assert general_accuracy_score("I'm sorry, I cannot say.", "red", "general") == 0.0
+    assert general_accuracy_score("The car is red.", "The car is red.", "spy") == 0.0
 
 
 def judge_reply(request):
@@ -437,6 +444,32 @@ def test_grpo_reads_a_verdict_as_a_word_and_spy_judge_as_the_reference_does(tmp_
     assert found == [None, "respond", "reject"]
 
 
+def test_dynamic_sampling_settings_are_checked_with_the_others(monkeypatch):
+    """The bound and the normalisations dynamic sampling cannot take: check_grpo's one line (the launch path of the
+    cases above), naming the field; the trainer refuses them too."""
+    from trl import ModelConfig
+
+    from cli.errors import InputError
+    from train.common import SpyTuneArguments, parse_recipe
+    from train.grpo import check_grpo
+
+    for overrides, message in [
+            (("--dynamic_sampling_max_extra_rounds", "0"), "dynamic_sampling_max_extra_rounds: must be >= 1, got 0"),
+            (("--scale_rewards", "batch"), "scale_rewards: dynamic_sampling needs `group` or `none`"),
+            (("--multi_objective_aggregation", "normalize_then_sum"), "multi_objective_aggregation: dynamic_sampling "
+                                                                      "needs `sum_then_normalize`")]:
+        monkeypatch.setattr(sys, "argv", ["grpo.py", str(ROOT / "recipes" / "demo" / "grpo.yaml"), *overrides])
+        script_args, args, _ = parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)
+        with pytest.raises(InputError) as error:
+            check_grpo(script_args, args)
+        assert message in str(error.value) and "command line" in str(error.value)
+        with pytest.raises(ValueError, match=message.split(":")[0]):
+            VisionGRPOTrainer(model=None, reward_funcs=[], args=args)
+    monkeypatch.setattr(sys, "argv", ["grpo.py", str(ROOT / "recipes" / "demo" / "grpo.yaml"), "--scale_rewards",
+                                      "batch", "--dynamic_sampling", "false"])
+    check_grpo(*parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)[:2])  # without it, fine
+
+
 @pytest.fixture(scope="module")
 def sft_checkpoint(tmp_path_factory, grpo_data):
     """The demo's SFT recipe, a few steps on the tiny Qwen2-VL: GRPO's starting point."""
@@ -519,18 +552,25 @@ def launch_fixed(data, model, out, config, *overrides):
 @pytest.mark.slow
 def test_two_processes_train_like_one(tiny_model_dir, grpo_data, tmp_path):
     """2 processes x 1 group (packed) against 1 process x 2 groups (unpacked), on the same fixed rollouts: the same
-    loss, rewards and KL per step, the same weights (advantages are computed from every process's rewards)."""
+    loss, rewards and KL per step, the same weights (advantages are computed from every process's rewards). With
+    dynamic sampling (the demo recipe's) and general-task prompts, whose fixed answers mostly score alike: every
+    process keeps the same groups and trains on its slice of the one batch, rows generated on the other process
+    included, so the drops, rounds and generated tokens are the same too."""
     from safetensors.torch import load_file
 
-    a = launch_fixed(grpo_data, tiny_model_dir, tmp_path / "a", "cpu_2proc.yaml", "--per_device_train_batch_size", "4")
+    general = ("--general_data_path", str(grpo_data / "general_train.json"), "--general_fraction", "0.5")
+    a = launch_fixed(grpo_data, tiny_model_dir, tmp_path / "a", "cpu_2proc.yaml", "--per_device_train_batch_size", "4",
+                     *general)
     b = launch_fixed(grpo_data, tiny_model_dir, tmp_path / "b", "cpu.yaml", "--per_device_train_batch_size", "8",
-                     "--packed", "false")
+                     "--packed", "false", *general)
     steps_a, steps_b = ([e for e in h if "loss" in e] for h in (a, b))
     assert [e["step"] for e in steps_a] == [e["step"] for e in steps_b] == [1, 2]
     assert steps_a[0]["reward_std"] > 0  # the fixed answers differ in reward: advantages are not all zero
+    assert any(e["dynamic_sampling/dropped_share"] > 0 for e in steps_a)  # groups dropped and drawn again
     for x, y in zip(steps_a, steps_b):
         for k in ("loss", "grad_norm", "reward", "reward_std", "kl", "rewards/privacy_compliance/mean",
-                  "rewards/helpfulness/mean"):
+                  "rewards/helpfulness/mean", "dynamic_sampling/dropped_share", "dynamic_sampling/extra_rounds",
+                  "dynamic_sampling/prompts_drawn", "generation/prompt_tokens", "generation/completion_tokens"):
             assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-5), (x["step"], k)
     wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-4
@@ -571,3 +611,241 @@ def test_grpo_prompts_carry_what_the_rewards_need(grpo_data):
     assert len(general) == round(len(spy_only) / 3) and all(r["expected_verdict"] == "respond" for r in general)
     with pytest.raises(InputError, match="only SFT and GRPO"):
         build_dataset("dpo", grpo_data / "train_data.json", grpo_data, general_path=grpo_data / "general_train.json")
+
+
+# ---- dynamic sampling (DAPO: losses/dynamic_sampling.py, VisionGRPOTrainer._dynamically_sampled) --------------------
+
+def rewards_by_task(flat: tuple[str, ...] = ("general",), calls: list | None = None):
+    """A reward fixed by the prompt: the same for every completion of a `flat` task's prompt (zero spread), the
+    completion's place in its group otherwise (spread); `calls` gets each call's (step, prompts: one per group), one
+    call per round."""
+
+    def by_task(prompts, completions, task, p_label, question, expected_verdict, answer, trainer_state, **_):
+        if calls is not None:
+            calls.append((trainer_state.global_step, list(zip(p_label, question, expected_verdict, answer))[::G]))
+        return [1.0 if t in flat else float(i % G) for i, t in enumerate(task)]
+
+    return by_task
+
+
+def capture_rounds(monkeypatch) -> list[dict]:
+    """Every scored batch TRL's `_generate_and_score_completions` returns (one per round)."""
+    from trl import GRPOTrainer
+
+    rounds, original = [], GRPOTrainer._generate_and_score_completions
+
+    def recorded(self, inputs):
+        rounds.append(original(self, inputs))
+        return rounds[-1]
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", recorded)
+    return rounds
+
+
+def assert_rows(batch: dict, rounds: list[dict], groups: list[tuple[int, int]]):
+    """The batch holds exactly those groups (round, group) of the rounds, in that order, row by row: prompt and
+    completion tokens, image pixels, advantages and the reference's log-probabilities."""
+    from trl.trainer.utils import split_pixel_values_by_grid
+
+    rows = [(r, g * G + k) for r, g in groups for k in range(G)]
+    assert batch["prompt_ids"].size(0) == len(rows)
+    images = split_pixel_values_by_grid(batch)
+    for i, (r, j) in enumerate(rows):
+        source, source_images = rounds[r], split_pixel_values_by_grid(rounds[r])
+        for ids, mask in (("prompt_ids", "prompt_mask"), ("completion_ids", "completion_mask"),
+                          ("ref_per_token_logps", "completion_mask")):
+            assert batch[ids][i][batch[mask][i].bool()].tolist() == source[ids][j][source[mask][j].bool()].tolist()
+        assert batch["advantages"][i] == source["advantages"][j]
+        assert images["pixel_values"][i].equal(source_images["pixel_values"][j])
+        full = torch.cat([batch["prompt_mask"][i], batch["completion_mask"][i]]).bool()
+        source_full = torch.cat([source["prompt_mask"][j], source["completion_mask"][j]]).bool()
+        assert batch["mm_token_type_ids"][i][full].equal(source["mm_token_type_ids"][j][source_full])
+
+
+def general_then_spy(dataset) -> list[dict]:
+    """A generation batch built by hand: G rows of a general prompt (zero spread under rewards_by_task), then G of a
+    SPY prompt (spread)."""
+    spy = next(i for i, t in enumerate(dataset["task"]) if t == "spy")
+    general = next(i for i, t in enumerate(dataset["task"]) if t == "general")
+    return [dict(dataset[i]) for i in (general,) * G + (spy,) * G]
+
+
+def test_dynamic_sampling_drops_exactly_the_zero_spread_groups(tiny_model_dir, grpo_data, tmp_path, monkeypatch):
+    """A batch of a zero-spread group and a group with spread: the first is dropped, further prompts are drawn
+    (refill_indices: the step's extra rounds) until a second group with spread is found, and the batch holds
+    exactly the two groups with spread, row for row as TRL scored them; the drops, rounds, prompts drawn and the
+    tokens generated in every round are logged."""
+    from losses.dynamic_sampling import refill_indices
+
+    calls = []
+    trainer, dataset = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path, rewards=[rewards_by_task(calls=calls)],
+                                         num_samples=None, dynamic_sampling=True, dynamic_sampling_max_extra_rounds=6)
+    rounds = capture_rounds(monkeypatch)
+    batch = scored(trainer, general_then_spy(dataset), packed=True)
+
+    keys = list(zip(dataset["p_label"], dataset["question"], dataset["expected_verdict"], dataset["answer"]))
+    tasks = dataset["task"]
+    wanted, zero_spread, round_ = [(0, 1)], [[True, False]], 0
+    while len(wanted) < 2:
+        round_ += 1
+        drawn = refill_indices(trainer.args.seed, 0, round_, len(dataset), 2)
+        assert calls[round_][1] == [keys[i] for i in drawn]  # the round's prompts
+        zero_spread.append([tasks[i] == "general" for i in drawn])
+        wanted += [(round_, g) for g, i in enumerate(drawn) if tasks[i] == "spy"][:2 - len(wanted)]
+    assert round_ >= 1 and len(calls) == len(rounds) == round_ + 1  # no round after the batch was full
+    assert_rows(batch, rounds, wanted)
+    assert batch["num_items_in_batch"] == batch["completion_mask"].sum()
+
+    metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    drawn = 2 * (round_ + 1)
+    assert metrics["dynamic_sampling/prompts_drawn"] == drawn
+    assert metrics["dynamic_sampling/extra_rounds"] == round_
+    assert metrics["dynamic_sampling/dropped_share"] == pytest.approx(sum(map(sum, zero_spread)) / drawn)
+    assert metrics["dynamic_sampling/padded_share"] == 0
+    assert metrics["groups/zero_spread/general"] == 1  # logged per round: general groups are flat here
+    assert all(metrics.get(f"groups/zero_spread/{k}", 0) == 0 for k in ("respond", "reject", "absolute"))
+    assert metrics["generation/prompt_tokens"] == sum(int(r["prompt_mask"].sum()) for r in rounds)
+    assert metrics["generation/completion_tokens"] == sum(int(r["completion_mask"].sum()) for r in rounds)
+
+
+def test_group_statistics_say_where_the_signal_is():
+    """Per kind of prompt the zero-spread share, refusal-expected groups holding a compliant sample, and which reward
+    alone varies in the groups with spread; on fixed numbers (G = 2: compliance, helpfulness per sample)."""
+    from losses.dynamic_sampling import group_statistics
+
+    rewards = torch.tensor([[0, 1], [0, 1],        # general, all right: zero spread
+                            [1, 0], [0, 0],        # reject, one refusal: compliance alone varies
+                            [0, 0], [0, 0],        # reject, no refusal: zero spread
+                            [1, 0.5], [1, 0.9],    # respond, helpfulness alone varies
+                            [1, 0.5], [0, 0.0],    # respond, one refusal: both vary
+                            [1, 0], [1, 0]])       # absolute, both refused: zero spread, not a `reject` group
+    kinds = ["general"] * 2 + ["reject"] * 4 + ["respond"] * 4 + ["absolute"] * 2
+    stats = group_statistics(rewards, rewards.sum(1), ["privacy_compliance", "helpfulness"], kinds, 2)
+    assert stats == {"groups/zero_spread/absolute": 1.0, "groups/zero_spread/general": 1.0,
+                     "groups/zero_spread/reject": 0.5,
+                     "groups/zero_spread/respond": 0.0, "groups/reject_with_refusal": 0.5,
+                     "groups/spread_only/privacy_compliance": pytest.approx(1 / 3),
+                     "groups/spread_only/helpfulness": pytest.approx(1 / 3)}
+
+
+def test_dynamic_sampling_bound_stops_the_refill(tiny_model_dir, grpo_data, tmp_path, monkeypatch):
+    """Nothing has spread: exactly 1 + dynamic_sampling_max_extra_rounds rounds, then the batch is the first groups
+    drawn (padding, advantage 0), and the log says so."""
+    calls = []
+    trainer, dataset = make_grpo_trainer(
+        tiny_model_dir, grpo_data, tmp_path, rewards=[rewards_by_task(flat=("general", "spy"), calls=calls)],
+        dynamic_sampling=True, dynamic_sampling_max_extra_rounds=2)
+    rounds = capture_rounds(monkeypatch)
+    batch = scored(trainer, general_then_spy(dataset), packed=True)
+    assert len(calls) == len(rounds) == 3
+    assert_rows(batch, rounds, [(0, 0), (0, 1)])
+    assert batch["advantages"].abs().max() == 0
+    metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    assert (metrics["dynamic_sampling/extra_rounds"], metrics["dynamic_sampling/prompts_drawn"]) == (2, 6)
+    assert metrics["dynamic_sampling/dropped_share"] == metrics["dynamic_sampling/padded_share"] == 1
+
+
+def test_dynamic_sampling_packed_equals_unpacked(tiny_model_dir, grpo_data, tmp_path, monkeypatch):
+    """With dynamic sampling the batch's rows come from several rounds, each padded to its own widths: the
+    reference's log-probabilities, the advantages, the policy's log-probabilities, the loss and every gradient of
+    the packed passes equal the unpacked ones within 1e-5 (float32) on that batch, shuffled as TRL shuffles it."""
+    trainer, dataset = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path, rewards=[rewards_by_task()],
+                                         num_samples=None, dynamic_sampling=True, dynamic_sampling_max_extra_rounds=6)
+    perturb(trainer.model)
+    rounds = capture_rounds(monkeypatch)
+    rows = general_then_spy(dataset)
+    plain = scored(trainer, rows, False)
+    assert len(rounds) > 1  # rows from more than one round
+    assert len({int(n) for n in plain["prompt_mask"].sum(1)}) > 1  # prompts of different lengths
+    packed = scored(trainer, rows, True)
+    assert plain["completion_ids"].equal(packed["completion_ids"]) and plain["prompt_ids"].equal(packed["prompt_ids"])
+    torch.testing.assert_close(masked(packed["ref_per_token_logps"], packed),
+                               masked(plain["ref_per_token_logps"], plain), rtol=0, atol=TOL)
+    torch.testing.assert_close(packed["advantages"], plain["advantages"], rtol=0, atol=TOL)
+    assert plain["advantages"].abs().max() > 0
+
+    batch = shuffled_as_trl_does(plain)
+    results = {}
+    for packed_pass in (False, True):
+        trainer.args.packed = packed_pass
+        trainer.model.zero_grad()
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+        with torch.no_grad():
+            logps = trainer._get_per_token_logps_and_entropies(
+                trainer.model, ids, mask, batch["completion_ids"].size(1), pixel_values=batch["pixel_values"],
+                image_grid_thw=batch["image_grid_thw"], num_images=batch["num_images"],
+                mm_token_type_ids=batch["mm_token_type_ids"])[0]
+        loss = trainer.compute_loss(trainer.model, dict(batch))
+        loss.backward()
+        results[packed_pass] = (masked(logps, batch), loss.detach(),
+                                {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+    (lp_u, loss_u, grads_u), (lp_p, loss_p, grads_p) = results[False], results[True]
+    torch.testing.assert_close(lp_p, lp_u, rtol=0, atol=TOL)
+    torch.testing.assert_close(loss_p, loss_u, rtol=0, atol=TOL)
+    assert grads_u.keys() == grads_p.keys() and any(g.abs().max() > 0 for g in grads_u.values())
+    for name in grads_u:
+        torch.testing.assert_close(grads_p[name], grads_u[name], rtol=0, atol=TOL, msg=name)
+
+
+def test_missing_rewards_are_not_zero_spread(tiny_model_dir, grpo_data, tmp_path, monkeypatch):
+    """The spread is over the rewards present: a group with two or more present rewards, all equal, is zero spread
+    and dropped, whatever its missing ones; a group with fewer than two present rewards is unscored, not zero spread,
+    and kept (TRL gives it advantage 0). Checked on the pure function and through the trainer with a real local HTTP
+    judge that fails on purpose (reading a missing reward as 0 swaps which group is kept)."""
+    from losses.dynamic_sampling import group_spread
+
+    nan = float("nan")
+    rewards = torch.tensor([1, nan, 1, 1, nan, nan, nan, nan, nan, nan, nan, 1, nan, 0, nan, 1, 0, 0, 0, 0.0])
+    zero, unscored = group_spread(rewards, G)
+    assert zero.tolist() == [True, False, False, False, True]
+    assert unscored.tolist() == [False, True, True, False, False]
+
+    with ChatServer(judge_reply) as server:
+        judge = VerdictJudge(JudgeSettings(judge="test-model", base_url=server.base_url, max_retries=0,
+                                           concurrency=2))
+        trainer, dataset = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path, judge=judge, general_fraction=0,
+                                             num_samples=None, max_missing_reward_share=1.0, dynamic_sampling=True,
+                                             dynamic_sampling_max_extra_rounds=1)
+        spy = [i for i, t in enumerate(dataset["task"]) if t == "spy"]
+        rows = [dict(dataset[spy[0]])] * G + [dict(dataset[spy[1]])] * G
+        # every round's answers: group 0 all judge failures (unscored), group 1 two failures and two equal answers
+        answers = ["FAIL"] * G + ["FAIL", "FAIL", "Sure.", "Sure."]
+        original = trainer._generate
+
+        def known_answers(prompts):
+            out = list(original(prompts))
+            out[3] = [[{"role": "assistant", "content": a}] for a in answers]
+            return tuple(out)
+
+        monkeypatch.setattr(trainer, "_generate", known_answers)
+        rounds = capture_rounds(monkeypatch)
+        batch = scored(trainer, rows, packed=True)
+    assert len(rounds) == 2
+    assert_rows(batch, rounds, [(0, 0), (1, 0)])
+    assert batch["advantages"].abs().max() == 0
+    metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    assert metrics["dynamic_sampling/dropped_share"] == 0.5 and metrics["dynamic_sampling/padded_share"] == 0
+
+
+def test_dynamic_sampling_resume_continues_the_same_data_order(tiny_model_dir, grpo_data, tmp_path):
+    """Four steps, against two steps resumed from the checkpoint at step 2: steps 3 and 4 draw the same prompts in
+    the same rounds (the dataloader's and the extra rounds')."""
+
+    def train(out, resume=None):
+        calls = []
+        trainer, _ = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path / out, rewards=[rewards_by_task(calls=calls)],
+                                       num_samples=None, dynamic_sampling=True, max_steps=4, save_strategy="steps",
+                                       save_steps=2, logging_steps=1, learning_rate=1e-3, seed=7)
+        trainer.train(resume_from_checkpoint=resume)
+        drawn = {}
+        for step, prompts in calls:
+            drawn.setdefault(step, []).append(prompts)
+        return drawn
+
+    whole = train("whole")
+    assert sorted(whole) == [0, 1, 2, 3]
+    assert any(len(whole[step]) > 1 for step in (2, 3))  # extra rounds after the checkpoint
+    resumed = train("resumed", resume=str(tmp_path / "whole" / "out" / "checkpoint-2"))
+    assert sorted(resumed) == [2, 3]
+    assert resumed[2] == whole[2] and resumed[3] == whole[3]

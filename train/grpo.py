@@ -20,7 +20,7 @@ from trl import ModelConfig, get_peft_config  # noqa: E402
 from cli.errors import InputError  # noqa: E402
 from cli.secrets import endpoint_problem, variable_problem  # noqa: E402
 from cli.strict_yaml import did_you_mean  # noqa: E402
-from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer  # noqa: E402
+from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer, dynamic_sampling_problem  # noqa: E402
 from losses.rewards import REWARD_NAMES  # noqa: E402
 from store.runs import check_outputs  # noqa: E402
 from train.card import attach, finish  # noqa: E402
@@ -77,6 +77,9 @@ def check_grpo(script_args, args: VisionGRPOConfig) -> None:
         raise option_error("general_fraction", "general_fraction > 0 and general_data_path go together")
     if script_args.helpful:
         raise option_error("helpful", "only SFT trains the helpful backbone, not GRPO")
+    problem = dynamic_sampling_problem(args)
+    if problem:
+        raise option_error(*problem)
 
 
 def judge_cache_path(script_args, args: VisionGRPOConfig) -> Path:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from losses.rewards import completion_text, compliance, helpfulness_score
+from losses.rewards import completion_text, compliance, general_accuracy_score, helpfulness_score
 
 # ---- the judge -----------------------------------------------------------------------------------------------------
 
@@ -73,5 +73,9 @@ def make_reward_funcs(names: list[str], judge: VerdictJudge) -> list:
         return [helpfulness_score(completion_text(c), v, a, t)
                 for c, v, a, t in zip(completions, expected_verdict, answer, task, strict=True)]
 
-    available = {f.__name__: f for f in (privacy_compliance, helpfulness)}
+    def general_accuracy(prompts, completions, answer, task, **_):
+        return [general_accuracy_score(completion_text(c), a, t) for c, a, t in zip(completions, answer, task,
+                                                                                    strict=True)]
+
+    available = {f.__name__: f for f in (privacy_compliance, helpfulness, general_accuracy)}
     return [available[name] for name in names]
