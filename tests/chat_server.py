@@ -2,7 +2,7 @@
 
 You give it a function from the request JSON to a reply; the reply is the assistant text (a `str`) or a
 `Reply` that injects a fault: an HTTP error status (429 with Retry-After, 500, ...), a delay past the
-client's timeout, or a garbage body. `Flaky` answers each distinct prompt with a scripted list of faults
+client's timeout, a garbage body, or no answer at all (the connection closed). `Flaky` answers each distinct prompt with a scripted list of faults
 before the real answer, which is what retry tests need.
 
     from chat_server import ChatServer, Flaky, Reply, last_user_text   # tests/ is on sys.path under pytest
@@ -35,6 +35,7 @@ class Reply:
     delay: float = 0.0  # seconds to wait before answering (longer than the client timeout = a timeout)
     body: bytes | None = None  # sent verbatim instead of a completion (garbage)
     headers: dict = field(default_factory=dict)
+    hang_up: bool = False  # close the connection without answering, as a server killed mid-request does
 
     @classmethod
     def error(cls, status: int, retry_after: float | None = None) -> Reply:
@@ -49,6 +50,10 @@ class Reply:
     @classmethod
     def garbage(cls, body: bytes = b"<html>502 Bad Gateway, but with status 200</html>") -> Reply:
         return cls(body=body)
+
+    @classmethod
+    def hung_up(cls) -> Reply:
+        return cls(hang_up=True)
 
     @classmethod
     def no_choices(cls) -> Reply:
@@ -158,6 +163,9 @@ class ChatServer:
                     return
                 if isinstance(reply, str):
                     reply = Reply(text=reply)
+                if reply.hang_up:
+                    self.close_connection = True
+                    return
                 if reply.delay:
                     time.sleep(reply.delay)
                 body = reply.body
