@@ -20,7 +20,8 @@ Three hooks, the narrowest TRL has for each:
   batch, rows generated on another process included, so two processes train on what one process would.
 
 Every generation batch logs the tokens its generation took, every round included (`generation/prompt_tokens`,
-`generation/completion_tokens`, summed over processes: counted in `_generate`), where the signal is
+`generation/completion_tokens`, summed over processes: counted in `_generate`); `num_tokens`, TRL's running count
+of the tokens trained, counts the rows kept (TRL's own count would add every round's); where the signal is
 (`groups/*`: losses/dynamic_sampling.py's group_statistics, per round), and with dynamic sampling `dynamic_sampling/*`.
 """
 
@@ -230,7 +231,7 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
         size = self.num_generations
         local, processes, rank = len(inputs), self.accelerator.num_processes, self.accelerator.process_index
         needed = local * processes // size  # the generation batch's groups, over every process
-        rounds, zero_spread = [], []
+        rounds, zero_spread, seen = [], [], self.state.num_input_tokens_seen
         for round_ in range(self.args.dynamic_sampling_max_extra_rounds + 1):
             batch = inputs if round_ == 0 else self._more_prompts(round_, needed, local)
             rounds.append(super()._generate_and_score_completions(batch))
@@ -255,6 +256,10 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
         loss_mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output \
             else output["completion_mask"]
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()  # as TRL counts it
+        # TRL counted every round's tokens as seen; the tokens trained are the kept rows' (train/compute.py)
+        kept = self.accelerator.gather(output["prompt_mask"].sum() + loss_mask.sum()).sum()
+        self.state.num_input_tokens_seen = seen + int(kept)
+        self._metrics["train"]["num_tokens"] = [self.state.num_input_tokens_seen]
         drawn = needed * len(rounds)
         metrics = self._metrics["train"]
         metrics["dynamic_sampling/dropped_share"].append(sum(map(sum, zero_spread)) / drawn)

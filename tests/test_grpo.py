@@ -706,6 +706,9 @@ def test_dynamic_sampling_drops_exactly_the_zero_spread_groups(tiny_model_dir, g
     assert all(metrics.get(f"groups/zero_spread/{k}", 0) == 0 for k in ("respond", "reject", "absolute"))
     assert metrics["generation/prompt_tokens"] == sum(int(r["prompt_mask"].sum()) for r in rounds)
     assert metrics["generation/completion_tokens"] == sum(int(r["completion_mask"].sum()) for r in rounds)
+    kept = int(batch["prompt_mask"].sum() + batch["completion_mask"].sum())  # trained: the kept rows, not the rounds
+    assert metrics["num_tokens"] == trainer.state.num_input_tokens_seen == kept
+    assert kept < metrics["generation/prompt_tokens"] + metrics["generation/completion_tokens"]
 
 
 def test_group_statistics_say_where_the_signal_is():

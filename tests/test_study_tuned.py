@@ -15,7 +15,7 @@ import pytest
 
 from eval.general.synthetic import breakdown
 from eval.stats import interval, paired_difference, pareto_front, proportion_noise, t_cdf, t_quantile
-from train.compute import logged_tokens, run_compute, step_plan, training_compute
+from train.compute import logged_tokens, measured_rounds, run_compute, step_plan, training_compute
 from train.study_tuned import (
     FORMAT,
     NUMERICS,
@@ -191,20 +191,28 @@ def test_compute_formula_and_the_counts_it_reads_from_a_log():
     grpo_step = {"per_device_train_batch_size": 32, "num_generations": 4, "beta": 0.04}
     assert step_plan("grpo", grpo_step, 100.0)["compute"] == 5 * 3200 and step_plan("grpo", grpo_step, 100.0)["prompts"] == 8
     assert step_plan("grpo", grpo_step, 100.0, rounds=2)["generated"] == 6400
+    # the rounds a study's GRPO took: 1 + logged extra rounds, mean over its final runs at the long budget
+    report = {"budgets": {"1x": 30, "3x": 90}, "final": {"grpo": {"runs": {
+        f"seed{i}": {"steps": {"30": {"logged": {"dynamic_sampling/extra_rounds": 9.0}},
+                               "90": {"logged": {"dynamic_sampling/extra_rounds": x}}}} for i, x in enumerate((1.0, 2.0))}}}}
+    assert measured_rounds(report) == 2.5 and measured_rounds(report, "dpo") is None
 
 
 def test_grpo_compute_per_step_within_20_percent_of_dpo_on_the_study_data(tmp_path):
     """recipes/study/grpo.yaml's prompts and G per step against recipes/study/dpo.yaml's 16 pairs, in tokens measured
-    on data built as the study builds it (every category, the general-task share) with the study's tokenizer."""
+    on data built as the study builds it (every category, the general-task share) with the study's tokenizer, at the
+    generation rounds per step the published study's GRPO took with dynamic sampling (docs/study_tuned.json)."""
     from data_prep import synthetic
     from train.compute import study_plan
     from train.tiny_model import DEMO_CONFIG, build_tiny_model
 
+    rounds = measured_rounds(json.loads((ROOT / "docs" / "study_tuned.json").read_text()))
+    assert rounds is not None and rounds > 1  # dynamic sampling is on in the study and drew more prompts
     data = synthetic.build(tmp_path / "data", 2, 1, general_train=100, general_test=8)
     model = build_tiny_model(tmp_path / "model", corpus=synthetic.text_corpus(general=True), **DEMO_CONFIG)
-    plan = study_plan(data, model, ROOT / "recipes" / "study", ["dpo", "grpo"], sample=300)
+    plan = study_plan(data, model, ROOT / "recipes" / "study", ["dpo", "grpo"], sample=300, rounds=rounds)
     assert plan["dpo"]["cases"] == 16 and plan["dpo"]["case_tokens"] > 100
-    assert abs(plan["grpo"]["ratio_to_dpo"] - 1) <= 0.2, plan
+    assert abs(plan["grpo"]["ratio_to_dpo"] - 1) <= 0.2, (rounds, plan)
 
 
 def test_elapsed_time_from_the_progress_bar():

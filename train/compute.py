@@ -181,11 +181,21 @@ PLANNED_KEYS = {"per_device_train_batch_size": int, "gradient_accumulation_steps
                 "beta": float, "general_fraction": float}  # the recipe keys a step's plan reads
 
 
+def measured_rounds(report: dict, method: str = "grpo") -> float | None:
+    """The generation rounds per step a tuned study's `method` took with dynamic sampling: 1 + its logged
+    `dynamic_sampling/extra_rounds`, mean over the final runs at the long budget (None where none logged it)."""
+    step = str(max(report["budgets"].values()))
+    logged = [run["steps"][step].get("logged", {}).get("dynamic_sampling/extra_rounds")
+              for run in report["final"].get(method, {}).get("runs", {}).values() if step in run["steps"]]
+    logged = [x for x in logged if x is not None]
+    return 1 + sum(logged) / len(logged) if logged else None
+
+
 def study_plan(data: Path, model: Path, recipes: Path, methods: list[str], sample: int | None = None,
-               overrides: list[str] = ()) -> dict:
+               overrides: list[str] = (), rounds: float = 1.0) -> dict:
     """method -> its recipe's planned step (`step_plan`) on this data with this model's processor (`sample` cases
-    of each method measured), and GRPO's ratio to DPO's compute per step (one generation round; DPO is measured
-    for it where GRPO runs without it). `overrides`: the runs' extra `--key value` arguments (the study's
+    of each method measured), and GRPO's ratio to DPO's compute per step at `rounds` generation rounds (DPO is
+    measured for it where GRPO runs without it). `overrides`: the runs' extra `--key value` arguments (the study's
     --train-args), applied to the recipes where they set PLANNED_KEYS."""
     from transformers import AutoProcessor
 
@@ -200,7 +210,7 @@ def study_plan(data: Path, model: Path, recipes: Path, methods: list[str], sampl
         key = ("dpo" if method == "nca" else method, recipe.get("general_fraction", 0.0))  # NCA trains DPO's pairs
         if key not in measured:
             measured[key] = mean_case_tokens(key[0], data, processor, key[1], sample)
-        plans[method] = step_plan(method, recipe, measured[key])
+        plans[method] = step_plan(method, recipe, measured[key], rounds)
     if "grpo" in plans and "dpo" in plans:
         plans["grpo"]["ratio_to_dpo"] = plans["grpo"]["compute"] / plans["dpo"]["compute"]
     return plans
