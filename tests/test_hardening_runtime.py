@@ -565,7 +565,7 @@ def test_an_unwritable_training_output_is_refused_before_training(trained, monke
 
 
 def test_ctrl_c_is_one_line_with_130_and_the_same_command_resumes(work):
-    with ChatServer(lambda request: Reply.slow(0.3, "Mexican.")) as server:
+    with ChatServer(lambda request: Reply.slow(1.0, "Mexican.")) as server:  # 100 s in all: never done before SIGINT
         argv = spy_generate("--base-url", server.base_url, "--concurrency", "1")
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": CANARY, **QUIET}
         process = subprocess.Popen([sys.executable, "-m", "eval", *argv], cwd=work, env=env, stdout=subprocess.PIPE,
