@@ -255,13 +255,14 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
         output = collate_rows([held[key] for key in mine], self._tokenizer.pad_token_id, self.pad_to_multiple_of)
         loss_mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output \
             else output["completion_mask"]
-        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()  # as TRL counts it
+        completion, prompt = self.accelerator.gather(torch.stack([loss_mask.sum(), output["prompt_mask"].sum()])
+                                                     .view(1, 2)).sum(0)
+        output["num_items_in_batch"] = completion  # as TRL counts it
         # TRL counted every round's tokens as seen; the tokens trained are the kept rows' (train/compute.py)
-        kept = self.accelerator.gather(output["prompt_mask"].sum() + loss_mask.sum()).sum()
-        self.state.num_input_tokens_seen = seen + int(kept)
-        self._metrics["train"]["num_tokens"] = [self.state.num_input_tokens_seen]
-        drawn = needed * len(rounds)
+        self.state.num_input_tokens_seen = seen + int(prompt + completion)
         metrics = self._metrics["train"]
+        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
+        drawn = needed * len(rounds)
         metrics["dynamic_sampling/dropped_share"].append(sum(map(sum, zero_spread)) / drawn)
         metrics["dynamic_sampling/extra_rounds"].append(float(len(rounds) - 1))
         metrics["dynamic_sampling/prompts_drawn"].append(float(drawn))

@@ -2,8 +2,8 @@
 
 You give it a function from the request JSON to a reply; the reply is the assistant text (a `str`) or a
 `Reply` that injects a fault: an HTTP error status (429 with Retry-After, 500, ...), a delay past the
-client's timeout, a garbage body, or no answer at all (the connection closed). `Flaky` answers each distinct prompt with a scripted list of faults
-before the real answer, which is what retry tests need.
+client's timeout, a garbage body, or no answer at all (the connection closed). `Flaky` answers each distinct
+prompt with a scripted list of faults before the real answer, which is what retry tests need.
 
     from chat_server import ChatServer, Flaky, Reply, last_user_text   # tests/ is on sys.path under pytest
 
