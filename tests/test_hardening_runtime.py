@@ -564,12 +564,19 @@ def test_an_unwritable_training_output_is_refused_before_training(trained, monke
     check(proc, root, before, "output_dir:", "cannot be written")
 
 
+def as_from_a_terminal():
+    """Ctrl-C reaches the child as it would from a shell: a test worker may hold SIGINT ignored or blocked (code run
+    before it in the worker may leave it so), and a child inherits both and never sees the SIGINT (CI: exit 0, a timeout)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_is_one_line_with_130_and_the_same_command_resumes(work):
-    with ChatServer(lambda request: Reply.slow(1.0, "Mexican.")) as server:  # 100 s in all: never done before SIGINT
+    with ChatServer(lambda request: Reply.slow(0.3, "Mexican.")) as server:
         argv = spy_generate("--base-url", server.base_url, "--concurrency", "1")
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": CANARY, **QUIET}
         process = subprocess.Popen([sys.executable, "-m", "eval", *argv], cwd=work, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
+                                   stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal)
         out = work / "out.jsonl"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 3):
