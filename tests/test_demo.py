@@ -2,6 +2,7 @@
 key, and a second run reuses what is built and reports the same numbers."""
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -19,6 +20,12 @@ def run_demo(out):
     result = forked_python.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result.stdout
+
+
+def suite_command(stdout: str, stage: str) -> list[str]:
+    """The arguments of the `python -m eval suite` command the demo printed for a stage."""
+    line = next(line for line in stdout.splitlines() if f"] eval {stage}: python -m eval suite " in line)
+    return shlex.split(line.split("python -m eval suite ", 1)[1])
 
 
 def test_demo_pipeline_end_to_end(tmp_path):
@@ -49,9 +56,32 @@ def test_demo_pipeline_end_to_end(tmp_path):
     assert (out / "suite" / "base" / "report.png").exists() and (out / "leaderboard" / "compare.md").exists()
     assert report["nca_p"]["spatialtrust_overall"] == next(r["value"] for r in suite["headline"]
                                                            if r["metric"] == "overall")
+    # the SpatialTrust column: what scores offline (Q1-Q3), and why it is 0 where the answers had nothing to score
+    spatial = suite["sections"]["spatialtrust"]["one-pass"]
+    bad = max(spatial["unparsable"][q] for q in ("q1", "q2", "q3"))
+    cell = f"{sum(spatial[q] for q in ('q1', 'q2', 'q3')) / 3:.1f}" + (f" ({bad}/{spatial['n_images']} unparsable)"
+                                                                      if bad else "")
+    report_md = (out / "report.md").read_text()
+    assert "SpatialTrust Q1-Q3 |" in report_md and f"| {cell} |" in report_md
+    assert "Q4/Q5 need an LLM judge" in report_md and "no JSON to read scores 0 (unparsable)" in report_md
     judged = read_jsonl(out / "suite" / "nca_p" / "spy" / "with_distractors" / "judged.jsonl")  # no header line
     assert len(judged) == 40 and all(r["eval_resp"] in ("respond", "reject") for r in judged)
     assert all(len(r["input_question"].split("\n\n")[0].split("\n")) == 6 for r in judged)
+
+    # the suite command the demo prints for a stage is the one it ran: run as printed (into another --out), the same
+    # numbers, and `eval compare` finds no setting that differs
+    printed = suite_command(stdout, "nca_p")
+    assert printed[printed.index("--config") + 1] == "eval/suites/demo.yaml"
+    again_out = tmp_path / "printed"
+    printed[printed.index("--out") + 1] = str(again_out)
+    result = forked_python.run([sys.executable, "-m", "eval", "suite", *printed, "--no-view"], cwd=ROOT,
+                               capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rerun = json.loads((again_out / "results.json").read_text())
+    assert rerun["headline"] == suite["headline"] and rerun["sections"] == suite["sections"]
+    result = forked_python.run([sys.executable, "-m", "eval", "compare", str(out / "suite" / "nca_p"), str(again_out),
+                                "--no-view", "--out", str(tmp_path / "board")], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
 
     # a second run reuses everything and reports the same numbers
     stdout = run_demo(out)
