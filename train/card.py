@@ -394,8 +394,8 @@ def published_files(output_dir) -> dict[str, Path | bytes]:
     """What a push uploads: the folder's files (path in repo -> file), less PUSH_IGNORED (checkpoints, the trainer's
     state, our run marker), and an adapter's config naming its base as public_base does (the folder keeps the
     absolute path that loads it here)."""
-    from huggingface_hub.constants import DEFAULT_IGNORE_PATTERNS
     from huggingface_hub.utils import filter_repo_objects
+    from huggingface_hub.utils._paths import DEFAULT_IGNORE_PATTERNS  # what upload_folder adds to its ignores
 
     folder = Path(output_dir).resolve()
     files = {p.relative_to(folder).as_posix(): p for p in sorted(folder.glob("**/*")) if p.is_file()}
