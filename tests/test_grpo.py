@@ -534,6 +534,7 @@ def test_grpo_trains_from_sft_with_the_rule_judge_and_resumes(sft_checkpoint, gr
     assert str(sft_checkpoint) not in card and "`sft` (a local model folder, not on the Hub)" in card
     assert "| groups/zero_spread/respond |" in card and "| frac_reward_zero_std |" in card and "| kl |" in card
     assert "| dynamic_sampling/dropped_share |" in card
+    assert f'from_pretrained("{tmp_path / "a"}")' in card  # this folder, as the run named it: loads as printed
     trained = load_file(tmp_path / "a" / "model.safetensors")
     start = load_file(sft_checkpoint / "model.safetensors")
     assert any(not trained[k].equal(start[k]) for k in trained)  # it learned something
