@@ -97,3 +97,18 @@ def test_demo_refuses_to_mix_settings(tmp_path):
     (out / "demo_config.json").write_text(json.dumps({"sft_steps": 1}))
     result = forked_python.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT)
     assert result.returncode != 0 and "other settings" in result.stderr
+
+
+def test_the_demo_keeps_its_promise(tmp_path):
+    """`make demo` as it runs (every default): from an untrained ICS near 0, SFT + NCA-P reaches ICS >= 80 and HMS >= 60
+    on the held-out items without distractors (docs/getting-started.md's table). The whole run, about a minute on
+    2 cores: its numbers are the demo's promise, and only the full run can keep it."""
+    out = tmp_path / "demo"
+    result = forked_python.run([sys.executable, "-m", "train.demo", "--out", str(out)], cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["base"]["ics"] <= 10 and report["base"]["hms"] <= 10
+    assert report["nca_p"]["ics"] >= 80, report["nca_p"]
+    assert report["nca_p"]["hms"] >= 60, report["nca_p"]
+    printed = suite_command(result.stdout, "nca_p")  # the YAML's settings: nothing set on the command line
+    assert "--set" not in printed and printed[printed.index("--root") + 1] == str(out)
