@@ -146,7 +146,9 @@ def _failed(line: str, status: int, wait: bool = True) -> int:
         if not wait:
             return status
         time.sleep(10)
-    _say(line)
+    from cli.secrets import scrub
+
+    _say(scrub(line))  # the one error line: no key, URL credentials or key parameter in it, whatever raised it
     return status
 
 

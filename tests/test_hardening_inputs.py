@@ -217,7 +217,10 @@ def test_a_variable_a_client_reads_its_key_from_is_redacted(monkeypatch):
 
 def test_geocoder_url_keys_are_redacted():
     url = "https://maps.googleapis.com/maps/api/geocode/json?address=Paris&key=AIzaSecret123&x=1"
-    assert secrets.redact(url) == "https://maps.googleapis.com/maps/api/geocode/json?address=Paris&key=<redacted>&x=1"
+    assert secrets.redact(f"GET {url}") == \
+        "GET https://maps.googleapis.com/maps/api/geocode/json?address=Paris&key=<redacted>&x=1"
+    # a value that is a URL is recorded as scheme://host/path (issue 46: without userinfo, query and fragment)
+    assert secrets.redact(url) == "https://maps.googleapis.com/maps/api/geocode/json"
 
 
 def test_wandb_config_is_redacted(monkeypatch):

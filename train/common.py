@@ -70,7 +70,7 @@ def parse_recipe(*dataclass_types):
 
     parser = Parser(dataclass_types, allow_abbrev=False)
     argv = sys.argv[1:]
-    config = {}
+    config, env = {}, {}
     if argv and argv[0].endswith((".yaml", ".yml")):
         config = _read_recipe(argv[0], parser._actions)
         env = config.pop("env", None) or {}
@@ -82,12 +82,13 @@ def parse_recipe(*dataclass_types):
             if SECRET_NAME.search(str(name)):
                 raise InputError(argv[0], env.key_lines.get(name), f"env.{name}", "a key is never read from a file; "
                                  f"set {name} in the environment instead")
-        os.environ.update({key: str(value) for key, value in env.items()})
         parser.set_defaults_with_config(**config)
         argv = argv[1:]
-    from cli.secrets import refuse_on_command_line
+    from cli import secrets
 
-    refuse_on_command_line(argv, key_options=("--hub_token",))  # visible to every `ps`, and saved with the run
+    # before argparse converts (and may echo) a value: visible to every `ps`, and saved with the run
+    secrets.refuse_on_command_line(argv, key_options=tuple(
+        option for option, action in parser._option_string_actions.items() if secrets.is_credential_field(action.dest)))
     values, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = next((arg.split("=")[0] for arg in unknown if arg.startswith("-")), None)
@@ -95,7 +96,13 @@ def parse_recipe(*dataclass_types):
             raise InputError("command line", None, unknown[0], "unexpected argument (the recipe comes first)")
         options = [option.lstrip("-") for option in parser._option_string_actions]
         raise InputError("command line", None, flag, "unknown option" + did_you_mean(flag.lstrip("-"), options, "--"))
-    check_numbers(vars(values))  # before the dataclasses' __post_init__, which divides by some of them
+    _refuse_keys(vars(values), env, sys.argv[1] if env else None)
+    from train.ranges import check_values
+
+    given = {action.dest for action in map(parser._option_string_actions.get, (a.split("=")[0] for a in argv)) if action}
+    nulls = {key for key in [*config, *given] if getattr(values, key, 0) is None}  # `key: null`, `--key null`
+    check_values(vars(values), dataclass_types, _fail, nulls)  # before the dataclasses' __post_init__ divides by some
+    os.environ.update({key: str(value) for key, value in env.items()})  # all checked: the recipe's variables
     try:
         parsed = parser.parse_args_into_dataclasses(argv)
     except InputError:
@@ -105,6 +112,23 @@ def parse_recipe(*dataclass_types):
         name = _named_option(message, vars(values), argv, config)
         raise InputError(_source(name), None, name, message) from None
     return parsed
+
+
+def _fail(name: str, message: str):
+    raise option_error(name, message)
+
+
+def _refuse_keys(values: dict, env: dict, recipe) -> None:
+    """No key among a run's arguments, however given (cli.secrets.refuse_recorded: a credential field, a value
+    holding a known secret, a URL with credentials, query or fragment), and no key source set by the recipe's
+    `env:`: a variable named as a key source (judge_api_key_env) holds a key, which is never read from a file."""
+    from cli import secrets
+
+    for name, value in values.items():
+        if secrets.KEY_SOURCE.search(name) and isinstance(value, str) and value in env:
+            raise InputError(recipe, env.key_lines.get(value), f"env.{value}", f"holds a key ({name} names it); "
+                             f"a key is never read from a file: set {value} in the environment instead")
+    secrets.refuse_recorded(values, _source)
 
 
 def _named_option(message: str, options, argv: list[str], config: dict) -> str | None:
@@ -196,47 +220,10 @@ def option_error(name: str, message: str) -> InputError:
 def _source(name: str | None = None) -> str:
     """Where an option's value came from: the command line if it sets it, else the recipe."""
     argv = sys.argv[1:]
-    if name and any(arg == f"--{name}" or arg.startswith(f"--{name}=") for arg in argv):
+    spellings = {f"--{name}", f"--{name.replace('_', '-')}"} if name else set()
+    if any(arg.partition("=")[0] in spellings for arg in argv):
         return "command line"
     return argv[0] if argv and argv[0].endswith((".yaml", ".yml")) else "command line"
-
-
-# Recipe options and their ranges (None means unset), checked on every config that has them, on the parsed values
-# before the config dataclasses are built (GRPOConfig's __post_init__ divides by num_generations); every other float
-# option must be finite (cli/numbers.py).
-TRAINING_RULES = {
-    **{name: numbers.POSITIVE for name in (
-        "learning_rate", "num_train_epochs", "beta", "lora_alpha", "adam_epsilon")},
-    **{name: numbers.whole(1) for name in (
-        "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "logging_steps",
-        "save_steps", "eval_steps", "save_total_limit", "max_length", "num_train_samples", "min_pixels", "max_pixels",
-        "lora_r")},
-    **{name: numbers.NON_NEGATIVE for name in ("warmup_steps", "weight_decay", "max_grad_norm")},
-    **{name: numbers.whole(0) for name in ("seed", "dataloader_num_workers")},
-    **{name: numbers.real(0, 1, high_open=True) for name in (
-        "lora_dropout", "adam_beta1", "adam_beta2", "label_smoothing_factor", "label_smoothing")},
-    "warmup_ratio": numbers.FRACTION,
-    # GRPO (TRL's GRPOConfig and losses/grpo_trainer.py's VisionGRPOConfig): sampling, batches and the loss
-    **{name: numbers.whole(2) for name in ("num_generations", "num_generations_eval")},  # a group's advantages
-    **{name: numbers.whole(1) for name in (
-        "max_completion_length", "generation_batch_size", "steps_per_generation", "num_iterations")},
-    "temperature": numbers.POSITIVE, "top_p": numbers.real(0, 1, low_open=True), "top_k": numbers.whole(0),
-    "min_p": numbers.FRACTION, "repetition_penalty": numbers.POSITIVE,
-    **{name: numbers.NON_NEGATIVE for name in ("epsilon", "epsilon_high")}, "delta": numbers.POSITIVE,
-    # GRPO's judge (the chat client's own ranges) and rewards
-    "judge_concurrency": numbers.RULES["concurrency"], "judge_max_retries": numbers.RULES["max_retries"],
-    "judge_timeout": numbers.RULES["timeout"], "max_missing_reward_share": numbers.FRACTION,
-    "general_fraction": numbers.real(0, 1, high_open=True),
-}
-
-
-def check_numbers(values: dict) -> None:
-    """Every option of TRAINING_RULES among `values` (name -> parsed value) inside its range: InputError naming it
-    and where it was given."""
-    for name, rule in TRAINING_RULES.items():
-        value = values.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and rule.problem(value):
-            raise option_error(name, rule.problem(value))
 
 
 def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
@@ -244,7 +231,7 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
     def fail(name, message):
         raise option_error(name, message)
 
-    for config in (script_args, training_args, model_args):  # the ranges: parse_recipe (check_numbers)
+    for config in (script_args, training_args, model_args):  # the ranges: parse_recipe (train/ranges.py)
         numbers.check_finite_fields(config, fail)
     if training_args.max_steps == 0 or training_args.max_steps < -1:
         fail("max_steps", f"must be > 0 (or -1: train num_train_epochs), got {training_args.max_steps}")
@@ -418,19 +405,22 @@ def _load_model_and_processor(model_args, script_args: SpyTuneArguments, trainin
     return model, processor
 
 
-def load_datasets(method: str, script_args: SpyTuneArguments, seed: int, general_fraction: float | None = None):
-    """(train, eval or None) datasets of one method; bad input raises InputError naming file, record, field.
-    GRPO: `general_fraction` of the training prompts come from the general-task file."""
+def load_datasets(method: str, script_args: SpyTuneArguments, training_args):
+    """(train, eval or None) datasets of one method; bad input raises InputError naming file, record, field, and so
+    does a batch the training data cannot fill (train/ranges.py check_batches), before the model loads. GRPO:
+    `general_fraction` of the training prompts come from the general-task file."""
     from data_prep.spy_tune import build_dataset
+    from train.ranges import check_batches
 
     def build(path, shuffle, num_samples, **extra):
         return build_dataset(method, path, script_args.image_folder, script_args.add_distractors,
-                             script_args.label_path, shuffle, seed, num_samples, categories=script_args.categories,
-                             **extra)
+                             script_args.label_path, shuffle, training_args.seed, num_samples,
+                             categories=script_args.categories, **extra)
 
     train = build(script_args.train_data_path, script_args.shuffle, script_args.num_train_samples,
                   helpful=script_args.helpful, general_path=script_args.general_data_path,
-                  general_fraction=general_fraction)
+                  general_fraction=getattr(training_args, "general_fraction", None))
+    check_batches(method, len(train), training_args, _fail)
     evaluation = build(script_args.eval_data_path, False, None) if script_args.eval_data_path else None
     return train, evaluation
 

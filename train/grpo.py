@@ -37,7 +37,7 @@ from train.common import (  # noqa: E402
 from train.rewards import JudgeSettings, VerdictJudge, make_reward_funcs  # noqa: E402
 
 # GRPO's options that take one of a few words (TRL 1.16's GRPOConfig; an unknown one failed mid-training). Their
-# numbers have ranges in train/common.py's TRAINING_RULES, checked when the recipe is parsed.
+# numbers have ranges in train/ranges.py's table, checked when the recipe is parsed.
 CHOICES = {
     "loss_type": ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
     "scale_rewards": ("group", "batch", "none"),
@@ -118,8 +118,7 @@ def main():
         script_args.categories))
     check_run(script_args, training_args, model_args)
     # data, all of it checked before the model loads
-    train_dataset, eval_dataset = load_datasets("grpo", script_args, training_args.seed,
-                                                general_fraction=training_args.general_fraction)
+    train_dataset, eval_dataset = load_datasets("grpo", script_args, training_args)
     # model
     model, processor = load_model_and_processor(model_args, script_args, training_args)
     # trainer
