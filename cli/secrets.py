@@ -156,6 +156,11 @@ def text_problem(text: str, secrets: dict[str, str] | None = None) -> str | None
     return None
 
 
+def value_problem(text: str, secrets: dict[str, str] | None = None, recorded: bool = False) -> str | None:
+    """`text_problem`, and for a value a run records (`recorded`), a URL carrying any userinfo, query or fragment."""
+    return text_problem(text, secrets) or (url_problem(text) if recorded and URL.match(text.strip()) else None)
+
+
 def holds_key(value: str) -> bool:
     """Whether `value` holds a secret the process knows, a provider key or URL credentials."""
     return text_problem(value) is not None
@@ -182,9 +187,9 @@ def _options(argv: list[str]):
         yield option, arg
 
 
-def refuse_on_command_line(argv: list[str], key_options: tuple[str, ...] = ()) -> None:
-    """InputError at the first of `key_options` given or the first value that holds a key (`text_problem`): a
-    command line is visible to every `ps` of the machine, and a run records its arguments."""
+def refuse_on_command_line(argv: list[str], key_options: tuple[str, ...] = (), recorded: bool = False) -> None:
+    """InputError at the first of `key_options` given or the first value that holds a key (`value_problem`; a run
+    that records its arguments: `recorded`): a command line is visible to every `ps` of the machine."""
     from cli.errors import InputError
 
     options = list(_options(argv))
@@ -195,11 +200,12 @@ def refuse_on_command_line(argv: list[str], key_options: tuple[str, ...] = ()) -
             variable = KEY_FIELDS.get(name.lstrip("-").replace("-", "_"), "the key's environment variable")
             raise InputError("command line", None, name, f"a key is never given on the command line; set "
                              f"{variable} in the environment instead")
+    secrets = known()
     for option, value in options:
-        if text_problem(value):
-            raise InputError("command line", None, option, "holds a key (its value is not shown); a key is never "
-                             "given on the command line: set it in an environment variable and name that "
-                             "variable instead")
+        problem = value_problem(value, secrets, recorded)
+        if problem:
+            raise InputError("command line", None, option, f"{problem}; a key is never given on the command line: "
+                             "set it in an environment variable and name that variable instead")
 
 
 def url_problem(url: str) -> str | None:
@@ -234,7 +240,7 @@ def refuse_recorded(values: dict, source) -> None:
         for text in (value if isinstance(value, (list, tuple)) else [value]):
             if not isinstance(text, str):
                 continue
-            problem = text_problem(text, secrets) or (url_problem(text) if URL.match(text.strip()) else None)
+            problem = value_problem(text, secrets, recorded=True)
             if problem:
                 raise InputError(source(name), None, name, f"{problem}; a key is never given as an option or in a "
                                  "file: set it in an environment variable and name that variable instead")
@@ -273,9 +279,10 @@ def endpoint_problem(url: str) -> str | None:
     return None
 
 
-def refuse_in_config(path, obj, field: str = "", line_of=None) -> None:
-    """InputError at the first key-like field or key-like value in `obj`, naming the variable to use. The variables
-    the file names as key sources (`*_key_env`) count as secrets from here on."""
+def refuse_in_config(path, obj, field: str = "", line_of=None, recorded: bool = False) -> None:
+    """InputError at the first key-like field or key-like value in `obj` (`value_problem`; a run's recipe, whose
+    values the run records: `recorded`), naming the variable to use. The variables the file names as key sources
+    (`*_key_env`) count as secrets from here on."""
     from cli.errors import InputError
 
     def sources(value):
@@ -302,10 +309,10 @@ def refuse_in_config(path, obj, field: str = "", line_of=None) -> None:
         elif isinstance(value, list):
             for n, item in enumerate(value):
                 walk(item, f"{where}[{n}]", (getattr(value, "item_lines", None) or [line] * (n + 1))[n])
-        elif isinstance(value, str) and text_problem(value, secrets):
+        elif isinstance(value, str) and value_problem(value, secrets, recorded):
             variable = next((v for s, v in secrets.items() if s in value or s in unquote(value)),
                             "an environment variable")
-            raise InputError(path, line, where, f"holds a key (its value is not shown); set {variable} in the "
+            raise InputError(path, line, where, f"{value_problem(value, secrets, recorded)}; set {variable} in the "
                              "environment and name it (api_key_env) instead")
 
     walk(obj, field, getattr(obj, "line", None) or None)

@@ -351,9 +351,9 @@ BAD_SETTINGS = [  # (id, options after the demo recipe, what the one line says)
     # issue 39 item 1: keys never on the command line (they would be saved in every checkpoint and training_args.bin)
     ("key-as-variable", ("--judge_api_key_env", KEY), "command line: --judge_api_key_env: holds a key"),
     ("key-in-url", ("--judge_base_url", "http://judge.example/v1?key=plain-secret-i39"),
-     "command line: --judge_base_url: holds a key"),
+     "command line: --judge_base_url: carries a key parameter"),
     ("credentials-in-url", ("--judge", "gpt-4o", "--judge_base_url", "http://me:plain-secret-i39@judge.example/v1"),
-     "command line: --judge_base_url: holds a key"),
+     "command line: --judge_base_url: carries credentials"),
     ("variable-not-a-name", ("--judge_api_key_env", "my key"), "judge_api_key_env: expected the name of an environment"),
     # issue 39 item 3: the judge cache is a claimed output
     ("cache-is-the-card", ("--judge_cache", "{out}/README.md"), "judge_cache: expected a .jsonl file"),

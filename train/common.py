@@ -87,7 +87,7 @@ def parse_recipe(*dataclass_types):
     from cli import secrets
 
     # before argparse converts (and may echo) a value: visible to every `ps`, and saved with the run
-    secrets.refuse_on_command_line(argv, key_options=tuple(
+    secrets.refuse_on_command_line(argv, recorded=True, key_options=tuple(
         option for option, action in parser._option_string_actions.items() if secrets.is_credential_field(action.dest)))
     values, unknown = parser.parse_known_args(argv)
     if unknown:
@@ -179,7 +179,7 @@ def _read_recipe(path, actions) -> dict:
     config = strict_yaml.load(path)  # duplicate keys, alias bombs, FIFOs refused, with lines
     if not isinstance(config, dict):
         raise InputError(path, None, None, "expected `key: value` lines (a YAML mapping)")
-    secrets.refuse_in_config(path, config)  # hub_token, a key in env:, a key-shaped value: refused
+    secrets.refuse_in_config(path, config, recorded=True)  # hub_token, a key in env:, a key-shaped value: refused
     for key in list(config):
         line = strict_yaml.line_of(config, key)
         if key == "env":

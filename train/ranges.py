@@ -18,6 +18,7 @@ larger than the data (a run that would train 0 steps, or a first batch it cannot
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass
@@ -104,6 +105,7 @@ def _numeric(hint) -> tuple[bool, bool]:
     return False, False
 
 
+@functools.cache
 def fields_of(*config_types) -> dict[str, Field]:
     """Every init field of the config dataclasses (the parser's options), by name (the first class naming one
     wins, as in the parser)."""
@@ -165,12 +167,12 @@ def check_batches(method: str, rows: int, args, fail) -> None:
     if method == "grpo":
         prompts = args.generation_batch_size // args.num_generations
         if prompts > rows:
-            derived = args.generation_batch_size == (args.per_device_train_batch_size * processes
-                                                     * args.steps_per_generation)  # TRL's default for it
-            name = "per_device_train_batch_size" if derived else "generation_batch_size"
+            # TRL derives the generation batch from the training batch unless one of its own options is set
+            name = "per_device_train_batch_size" if args.steps_per_generation == args.gradient_accumulation_steps \
+                else "generation_batch_size"
             fail(name, f"a generation batch takes {prompts} prompts (generation_batch_size "
                        f"{args.generation_batch_size} / num_generations {args.num_generations}) and the training data "
-                       f"has {rows}: it would train 0 steps; lower {name} or give more data")
+                       f"has {rows}: it would train 0 steps; lower {name} (or steps_per_generation) or give more data")
         return
     batch = args.per_device_train_batch_size * processes
     if batch > rows:
