@@ -148,8 +148,14 @@ def _failed(line: str, status: int, wait: bool = True) -> int:
         time.sleep(10)
     from cli.secrets import scrub
 
-    _say(scrub(line))  # the one error line: no key, URL credentials or key parameter in it, whatever raised it
+    _say(one_line(scrub(line)))  # no key, URL credentials or key parameter in it, whatever raised it
     return status
+
+
+def one_line(text: str) -> str:
+    """`text` on one line: a value it quotes that holds a line break or another control character (a carriage
+    return, a newline, U+2028, ...) shows it escaped, so the error stays one line whatever the input held."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def run_command(main, *args, interrupted: str = RESUMES) -> None:

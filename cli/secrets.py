@@ -12,13 +12,15 @@ records its URLs, so they must be `scheme://host[:port]/path`. The variables nam
 options and fields) are registered before anything is checked, so their values count as known secrets.
 
 **Scrubbed on output**: `scrub` is the one function between a value and anything recorded. A string loses every
-known secret (`<redacted VAR>`), URL userinfo, the values of key-named URL parameters and provider-key shapes; a
-string that is a URL loses its userinfo, query and fragment; a config dataclass is copied with its credential
-fields None and every other attribute scrubbed; mappings and lists are scrubbed item by item. It is called where
-each format is written: store.runs (every file and run-file line our code writes: cards, JSON, the judge cache),
-the trainers' `_save` (training_args.bin, losses/checkpointing.py), train/resume.py's settings (trainer_state.json),
-train/card.py's W&B callback (the run's config, name and recorded command line), the printed streams
-(`guard_streams`: logs, progress bars, tracebacks) and cli/entry.py's error line.
+known secret (`<redacted VAR>`, also percent-quoted), URL userinfo, the values of key-named URL parameters and
+provider-key shapes; a string that is a URL, or a URL quoted whole inside a text (a JSON value, a Python repr),
+loses its userinfo, query and fragment (a query inside free text is kept unless its parameter is named like a
+key); a config dataclass is copied with its credential fields None and every other attribute scrubbed; mappings and
+lists are scrubbed item by item. It is called where each format is written: store.runs (every file and run-file
+line our code writes: cards, JSON, the judge cache), the trainers' `_save` (training_args.bin,
+losses/checkpointing.py), train/resume.py's settings (trainer_state.json), train/card.py's W&B callback (the run's
+config, name and recorded command line), the printed streams (`guard_streams`: logs, progress bars, tracebacks) and
+cli/entry.py's error line.
 
 Secrets known to the process: the values of environment variables named like keys (`SECRET_NAME`) and of every
 variable registered as a key source (`register`), at least MIN_LENGTH characters long.
@@ -52,6 +54,8 @@ SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*://"
 URL = re.compile(SCHEME)
 # `scheme://user:password@`: the authority's userinfo, up to its last `@` (a path, query or fragment ends it).
 USERINFO = re.compile(rf"({SCHEME})[^/\s?#\"'<>\\]*@")
+# A URL that is a whole quoted string inside a text: a JSON value, a Python repr's.
+QUOTED_URL = re.compile(rf"""(["'])({SCHEME}[^"'\s\\]*)\1""")
 # A URL parameter `NAME=VALUE` after any of the separators a URL parser or a server may split on.
 PARAMETER = re.compile(r"([?&;#])([^=&;#?\s\"'<>\\/]+)=([^&;#\s\"'<>\\]*)")
 KEY_PARAMETER = re.compile(r"key|token|secret|passw|pwd|auth|credential|signature|^sig$", re.IGNORECASE)
@@ -97,9 +101,16 @@ def _scrub_parameter(match) -> str:
     return f"{separator}{name}=<redacted>" if _key_parameter(name) else match.group(0)
 
 
+def _bare_url(url: str) -> str:
+    """scheme://host[:port]/path of a URL: no userinfo, query or fragment."""
+    return re.split(r"[?#]", USERINFO.sub(r"\1", url), maxsplit=1)[0]
+
+
 def _scrub_text(text: str) -> str:
-    if "://" in text and re.fullmatch(rf"\s*{SCHEME}\S*\s*", text):  # a URL: recorded as scheme://host[:port]/path
-        text = re.split(r"[?#]", USERINFO.sub(r"\1", text), maxsplit=1)[0]
+    if "://" in text:  # a value that is a URL, whole or quoted in text (JSON, a Python repr), is recorded bare
+        if re.fullmatch(rf"\s*{SCHEME}\S*\s*", text):
+            text = _bare_url(text)
+        text = QUOTED_URL.sub(lambda m: f"{m[1]}{_bare_url(m[2])}{m[1]}", text)
     for value, name in sorted(known().items(), key=lambda kv: -len(kv[0])):
         for form in dict.fromkeys((value, quote(value, safe=""))):
             if form in text:

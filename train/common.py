@@ -72,7 +72,7 @@ def parse_recipe(*dataclass_types):
     argv = sys.argv[1:]
     config, env = {}, {}
     if argv and argv[0].endswith((".yaml", ".yml")):
-        config = _read_recipe(argv[0], parser._actions)
+        config = _read_recipe(argv[0], parser._actions, _mapping_fields(dataclass_types))
         env = config.pop("env", None) or {}
         if not isinstance(env, dict):
             raise InputError(argv[0], None, "env", "expected a mapping of variable: value")
@@ -107,8 +107,11 @@ def parse_recipe(*dataclass_types):
         parsed = parser.parse_args_into_dataclasses(argv)
     except InputError:
         raise
-    except (ValueError, TypeError) as err:  # the dataclasses' own checks, e.g. TrainingArguments.__post_init__
+    except Exception as err:  # noqa: BLE001 - the dataclasses' own checks on the user's values, whatever they raise
+        # (TrainingArguments.__post_init__: ValueError, TypeError; a config path that is not a file: OSError)
         message = " ".join(str(err).split())
+        if not isinstance(err, (ValueError, TypeError)):
+            message = f"{type(err).__name__}: {message}"
         name = _named_option(message, vars(values), argv, config)
         raise InputError(_source(name), None, name, message) from None
     return parsed
@@ -168,7 +171,21 @@ def _recipe_schema(actions) -> dict:
     return schema
 
 
-def _read_recipe(path, actions) -> dict:
+def _mapping_fields(dataclass_types) -> set[str]:
+    """The fields whose type takes a mapping (`dict | str`: activation_checkpointing_kwargs, model_init_kwargs)."""
+    import dataclasses
+    import typing
+
+    found = set()
+    for config in dataclass_types:
+        hints = typing.get_type_hints(config)
+        for f in dataclasses.fields(config):
+            if any(t is dict or typing.get_origin(t) is dict for t in typing.get_args(hints[f.name]) or [hints[f.name]]):
+                found.add(f.name)
+    return found
+
+
+def _read_recipe(path, actions, mappings: set[str] = frozenset()) -> dict:
     """The recipe's `key: value` pairs, each a known option of the type it takes (`_recipe_schema`); a value
     argparse will not convert (it converts only strings, and YAML has typed the rest) is handed over as text when
     it is not of the option's type, so `max_steps: 1.5` fails as `--max_steps 1.5` does."""
@@ -197,7 +214,7 @@ def _read_recipe(path, actions) -> dict:
         if value is None or action.nargs not in (None, "?") or kind not in _ACCEPTS or _ACCEPTS[kind](value):
             continue
         if isinstance(value, (list, dict)):
-            if kind == "str":  # options typed `dict | str` (activation_checkpointing_kwargs) take a mapping
+            if isinstance(value, dict) and key in mappings:  # typed `dict | str` (activation_checkpointing_kwargs)
                 continue
             raise InputError(path, line, key, f"expected one value, got a {type(value).__name__}")
         config[key] = str(value)
