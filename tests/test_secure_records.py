@@ -165,12 +165,13 @@ def test_a_recipe_env_key_source_is_refused(tmp_path, monkeypatch):
     """A recipe's `env:` entry that the run names as its key source is a key read from a file: refused at its line,
     before `--run_name K` (K its value) can be recorded; nothing reaches the environment."""
     recipe = tmp_path / "grpo.yaml"
+    cred = "Jv7-cred-9f8e7d6c"
     recipe.write_text((ROOT / "recipes" / "demo" / "grpo.yaml").read_text()
-                      + f"judge_api_key_env: JUDGE_CRED\nenv:\n  JUDGE_CRED: {K}2\n")
+                      + f"judge_api_key_env: JUDGE_CRED\nenv:\n  JUDGE_CRED: {cred}\n")
     monkeypatch.delenv("JUDGE_CRED", raising=False)
-    result = grpo_refuses(monkeypatch, tmp_path, "--run_name", f"{K}2", recipe=recipe)
+    result = grpo_refuses(monkeypatch, tmp_path, "--run_name", cred, recipe=recipe)
     line = assert_one_line(result, f"{recipe}:", "env.JUDGE_CRED", "holds a key")
-    assert f"{K}2" not in line
+    assert cred not in line
 
 
 def test_a_value_holding_a_key_source_s_value_is_refused(tmp_path, monkeypatch):

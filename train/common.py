@@ -210,8 +210,8 @@ def _read_recipe(path, actions, mappings: set[str] = frozenset()) -> dict:
             strict_yaml.check(path, value, schema[key], key, line)
         if isinstance(value, list) and action.type is str:
             config[key] = [str(item) for item in value]  # as the command line gives them
-        kind = getattr(action.type, "__name__", None)
-        if value is None or action.nargs not in (None, "?") or kind not in _ACCEPTS or _ACCEPTS[kind](value):
+        kind = getattr(action.type, "__name__", None)  # other converters (choices, enums, config classes) take text
+        if value is None or action.nargs not in (None, "?") or _ACCEPTS.get(kind, _ACCEPTS["str"])(value):
             continue
         if isinstance(value, (list, dict)):
             if isinstance(value, dict) and key in mappings:  # typed `dict | str` (activation_checkpointing_kwargs)
@@ -250,6 +250,8 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
 
     for config in (script_args, training_args, model_args):  # the ranges: parse_recipe (train/ranges.py)
         numbers.check_finite_fields(config, fail)
+    if not model_args.model_name_or_path:  # TRL types it Optional; a run needs it
+        fail("model_name_or_path", "missing: name the model to train (a Hub id or a model folder)")
     if training_args.max_steps == 0 or training_args.max_steps < -1:
         fail("max_steps", f"must be > 0 (or -1: train num_train_epochs), got {training_args.max_steps}")
     if None not in (script_args.min_pixels, script_args.max_pixels) and script_args.min_pixels > script_args.max_pixels:
