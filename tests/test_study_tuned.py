@@ -15,22 +15,14 @@ import pytest
 
 from eval.general.synthetic import breakdown
 from eval.stats import interval, paired_difference, pareto_front, proportion_noise, t_cdf, t_quantile
+from study.pins import NUMERICS
+from study.protocol import FORMAT, kept_settings
+from study.results import frontier, goal, paired, summarize
+from study.runs import elapsed_at
+from study.selection import moved, point_result, select
+from study.tables import tables
+from study.verdict import verdict_text
 from train.compute import logged_tokens, measured_rounds, run_compute, step_plan, training_compute
-from train.study_tuned import (
-    FORMAT,
-    NUMERICS,
-    elapsed_at,
-    frontier,
-    goal,
-    kept_settings,
-    moved,
-    paired,
-    point_result,
-    select,
-    summarize,
-    tables,
-    verdict_text,
-)
 
 ROOT = Path(__file__).resolve().parents[1]
 # Student t 0.975 quantiles from a printed table (df 1, 2, 4, 9, 30)
@@ -125,7 +117,7 @@ def test_each_budget_keeps_the_setting_its_own_validation_numbers_choose():
 def test_the_sweep_chooses_each_budget_on_its_own_numbers(monkeypatch):
     """The sweep's own loop, each run replaced by fixed validation numbers (no training): the learning rates first, the
     beta at the learning rate the long budget keeps, and each budget's kept point from its own numbers."""
-    from train import study_tuned
+    from study import protocol, runs
 
     def fixed(lr: float, beta: float) -> dict:  # DPO's recipe: lr 3e-4, beta 0.5
         return {(1e-4, 0.5): {"1x": (7.5, 100.0, 19.3), "3x": (7.5, 100.0, 19.3)},  # never moves
@@ -137,10 +129,10 @@ def test_the_sweep_chooses_each_budget_on_its_own_numbers(monkeypatch):
         return {b: {"ics": i, "general": g, "overall": o}
                 for b, (i, g, o) in fixed(point["learning_rate"], point["beta"]).items()}
 
-    monkeypatch.setattr(study_tuned, "sweep_task", run)
+    monkeypatch.setattr(runs, "sweep_task", run)
     ctx = {"budgets": {"1x": 30, "3x": 90}, "lr_factors": [1 / 3, 1, 3], "beta_factors": [1, 3],
            "sweep_seeds": [100], "jobs": 1, "steps": 30, "long_steps": 90}
-    swept = study_tuned.sweep(ctx, ["dpo"], BACKBONE_VAL, log=lambda message: None)["dpo"]
+    swept = protocol.sweep(ctx, ["dpo"], BACKBONE_VAL, log=lambda message: None)["dpo"]
     tried = [(round(p["point"]["learning_rate"], 8), p["point"]["beta"]) for p in swept["points"]]
     assert tried == [(3e-4, 0.5), (1e-4, 0.5), (9e-4, 0.5), (9e-4, 1.5)]  # beta at 3x's lr (9e-4), not 1x's (3e-4)
     assert swept["kept"]["1x"] == {"learning_rate": 3e-4, "beta": 0.5}
@@ -330,7 +322,7 @@ TRAIN_ARGS = ["--train-args", "--logging_steps", "1", "--per_device_train_batch_
 
 
 def run_study(out, *extra, env=None):
-    command = [sys.executable, "-m", "train.study", "--out", str(out), *SHORT, *extra, *TRAIN_ARGS]
+    command = [sys.executable, "-m", "study", "--out", str(out), *SHORT, *extra, *TRAIN_ARGS]
     return forked_python.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 
@@ -410,7 +402,7 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     alt["platform"]["cpu_capability"] = "default"
     alt_path = tmp_path / "alt.json"
     alt_path.write_text(json.dumps(alt))
-    from train.study_tuned import main as tables_main
+    from study.tuned import main as tables_main
 
     tables_main(["tables", str(out / "study.json"), "--alt", str(alt_path)])
 
@@ -429,7 +421,7 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     assert "ics_distr" not in final["runs"]["seed0"]["steps"]["2"]  # the long run does not serve 1x here
     assert checked["summary"]["1x"]["nca_p"]["ics"]["mean"] == final["runs_1x"]["seed0"]["steps"]["2"]["ics"]
     assert "own 2-step runs" in (tmp_path / "check" / "study.md").read_text()
-    from train.study_tuned import compare_runs
+    from study.pins import compare_runs
 
     same = compare_runs(report, checked)
     moved = [path for path, _, _ in same["different"] if not path.startswith("runs_1x.")]  # 1x: another setting
@@ -460,14 +452,14 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     config.write_text(kept)
     for refused in (run_study(out, "--lr-factors", "1"), other_pins):
         assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [error]
-    quick = forked_python.run([sys.executable, "-m", "train.study", "--out", str(out), "--seeds", "0"], cwd=ROOT,
+    quick = forked_python.run([sys.executable, "-m", "study", "--out", str(out), "--seeds", "0"], cwd=ROOT,
                            capture_output=True, text=True)
     assert quick.returncode == 2 and quick.stderr.strip().splitlines() == [error]
 
 
 def test_publish_puts_the_study_on_the_page(tmp_path):
     from cli.errors import InputError
-    from train.study_tuned import PAGE_BEGIN, PAGE_END, PENDING, page_block, publish
+    from study.publish import PAGE_BEGIN, PAGE_END, PENDING, page_block, publish
 
     study, docs = tmp_path / "study", tmp_path / "docs"
     study.mkdir()
@@ -498,7 +490,7 @@ def test_publish_puts_the_study_on_the_page(tmp_path):
 def test_the_page_shows_what_the_study_wrote():
     """docs/study.md's results block is the published study's tables exactly (nothing typed by hand), or the note
     that the protocol has not run yet where no study of this layout is published."""
-    from train.study_tuned import PAGE_BEGIN, PAGE_END, page_block, read_study
+    from study.publish import PAGE_BEGIN, PAGE_END, page_block, read_study
 
     text = (ROOT / "docs" / "study.md").read_text()
     block = text.split(PAGE_BEGIN)[1].split(PAGE_END)[0].strip()
@@ -509,7 +501,7 @@ def test_the_page_shows_what_the_study_wrote():
 def test_compare_counts_the_values_two_studies_share():
     """The cross-machine check's count on the issue-33 study: its backbone and two seed-0 runs hold 110 values (the
     count a second machine reproduced 108 of), each compared bit for bit; a value that moved is named."""
-    from train.study_tuned import compare_runs
+    from study.pins import compare_runs
 
     recorded = json.loads((ROOT / "docs" / "study_tuned_issue33.json").read_text())
     subset = json.loads(json.dumps(recorded))
