@@ -57,7 +57,8 @@ def platform() -> dict:
             "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY"), "threads": os.environ.get("OMP_NUM_THREADS"),
             "torch_threads": torch.get_num_threads(), "blas": blas, "python": sys.version.split()[0],
             "machine": platform_module.machine(), "processor": cpu.get("model name"), "cpu": cpu,
-            "lscpu_model": lscpu_model(), "avx512": "avx512f" in cpu.get("flags", []) if cpu else None,
+            "lscpu_model": lscpu_model(), "cores": os.cpu_count(),
+            "avx512": "avx512f" in cpu.get("flags", []) if cpu else None,
             "numerics": {k: os.environ.get(k) for k in NUMERICS}}
 
 
@@ -97,11 +98,11 @@ def cpu_record(cpuinfo: Path = Path("/proc/cpuinfo"), caches: Path = Path("/sys/
     return record
 
 
-
-def machine_line(platform: dict) -> str:
-    """The CPU and the pinned settings, for the tables' platform lines (empty for a study.json from before they were
-    recorded)."""
-    cpu, pins = platform.get("cpu"), platform.get("numerics")
+def machine_line(platform: dict, cpu: bool = True) -> str:
+    """The CPU (where `cpu`) and the pinned settings, for the tables' platform lines (empty for a study.json from
+    before they were recorded)."""
+    pins = platform.get("numerics")
+    cpu = platform.get("cpu") if cpu else None
     text = ""
     if cpu:
         text += (f"; CPU {cpu.get('vendor_id')} family {cpu.get('cpu family')} model {cpu.get('model')} "
@@ -111,6 +112,7 @@ def machine_line(platform: dict) -> str:
     if pins:
         text += "; pinned " + ", ".join(f"{k}={v}" for k, v in pins.items())
     return text
+
 
 # ------------------------------------------------------------------------------------------------- across machines
 def _leaves(value, path: str = "") -> dict:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from study.methods import NAMES
 from study.results import CURVES, GOAL, METRICS, budget_names, budget_runs, references
-from train.common import METHOD_NAMES
 
 
 def _colours(methods: list[str]) -> dict:
@@ -37,7 +37,7 @@ def plot_curves(report: dict, path: Path) -> None:
             if not points:
                 continue
             x = [s for s, _ in points]
-            ax.plot(x, [v["mean"] for _, v in points], marker="o", color=colours[m], label=METHOD_NAMES[m])
+            ax.plot(x, [v["mean"] for _, v in points], marker="o", color=colours[m], label=NAMES[m])
             if all(v["low"] is not None for _, v in points):
                 ax.fill_between(x, [v["low"] for _, v in points], [v["high"] for _, v in points], alpha=0.2,
                                 color=colours[m])
@@ -77,7 +77,7 @@ def plot_frontier(report: dict, path: Path) -> None:
             xerr = [[x["mean"] - x["low"]], [x["high"] - x["mean"]]] if x["low"] is not None else None
             yerr = [[y["mean"] - y["low"]], [y["high"] - y["mean"]]] if y["low"] is not None else None
             ax.errorbar(x["mean"], y["mean"], xerr=xerr, yerr=yerr, fmt=marker, ms=8, capsize=3, color=colours[m],
-                        mfc=colours[m] if filled else "white", label=f"{METHOD_NAMES[m]} {budget}")
+                        mfc=colours[m] if filled else "white", label=f"{NAMES[m]} {budget}")
     for (name, v), marker in zip(references(report).items(), ("*", "D")):
         ax.scatter([v["general"]], [v["ics"]], marker=marker, s=120 if marker == "*" else 50, color="black",
                    zorder=5, label=f"{name.replace('_', '-')} (reference)")

@@ -38,18 +38,21 @@ and pins.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from pathlib import Path
 
 from cli.errors import read_json
 from cli.numbers import int_at_least, option, positive_float
 from study import runs
+from study.methods import EXTRA_METHODS, NAMES, script
 from study.pins import pin_numerics, platform
-from study.results import budget_names, compute_match, curves, frontier, goal, paired, summarize
-from study.selection import BETA_METHODS, point_result, select, sweep_points
-from train.common import METHOD_NAMES
+from study.results import analyse, budget_names
+from study.selection import BETA_METHODS, point_result, refinement_points, same_point, select, sweep_points
 
-FORMAT = 2  # study.json's layout: 2 = per-budget sweep and kept settings, compute (issue 40); none before
+# study.json's layout: 3 = the goal's floor in the sweep, two sweep seeds and the refinement, success per seed, bootstrap
+# intervals, the wall time of the sweep's runs too (issue 47); 2 = per-budget sweep and kept settings, compute (issue 40)
+FORMAT = 3
 # The common budget: 30 steps of 16 cases (the quick protocol's recipes have 80, cosine); the long one is 3x
 # (docs/study.md, "Sizing").
 TUNED_STEPS = 30
@@ -61,29 +64,44 @@ PLAN_SAMPLE = 600  # training cases per method the per-step plan is measured on 
 
 def add_arguments(parser, methods: list[str]) -> None:
     group = parser.add_argument_group("the tuned protocol (--protocol tuned; study/protocol.py)")
-    group.add_argument("--methods", nargs="+", choices=[*methods, *runs.EXTRA_METHODS], default=methods)
-    group.add_argument("--sweep-seeds", type=option("seed"), nargs="+", default=[100],
-                       help="seeds of every sweep point (default: one; docs/study.md, \"Sizing\")")
+    group.add_argument("--methods", nargs="+", choices=[*methods, *EXTRA_METHODS], default=methods)
+    group.add_argument("--sweep-seeds", type=option("seed"), nargs="+", default=[100, 101],
+                       help="seeds of every sweep point: a point is judged by its means over them (default: two)")
     group.add_argument("--lr-factors", type=positive_float, nargs="+", default=[1 / 3, 1, 3],
                        help="learning rates swept: the recipe's times each (1 = the recipe's)")
     group.add_argument("--beta-factors", type=positive_float, nargs="+", default=[1, 3],
-                       help="betas swept at the long budget's learning rate (DPO, NCA, NCA-P, GRPO): the paper's "
-                            "times each")
+                       help="betas swept at the long budget's learning rate (DPO, NCA, NCA-P, the GRPOs): the "
+                            "paper's times each")
+    group.add_argument("--refine-lr-factors", type=positive_float, nargs="+", default=[1 / 1.5, 1, 1.5],
+                       help="the 2-D refinement around each method's long-budget choice after the coordinate stages: "
+                            "its learning rate times each, by each of --refine-beta-factors (1 alone: none)")
+    group.add_argument("--refine-beta-factors", type=positive_float, nargs="+", default=[1 / 3, 1, 3],
+                       help="the refinement's betas: the choice's times each")
     group.add_argument("--long-factor", type=int_at_least(1), default=3, help="the long budget: this times --steps")
     group.add_argument("--curve-every", type=int_at_least(1), default=None, help="a checkpoint (a curve point) every N steps; "
                        "must divide --steps (default: --steps)")
     group.add_argument("--val-per-label", type=int_at_least(1), default=1, help="validation SPY items per category")
     group.add_argument("--general-val", type=int_at_least(1), default=100, help="validation general-task questions")
-    group.add_argument("--kept-from", help="skip the sweep: the kept settings of this tuned study.json")
+    group.add_argument("--kept-from", help="skip the sweep: the kept settings of this tuned study.json (the cross-machine "
+                       "check)")
     group.add_argument("--jobs", type=int_at_least(1), default=1, help="runs at once (one thread each)")
 
 
+def recipe_digest(path) -> str:
+    """sha256 of a recipe's parsed values (keys sorted): an edit that changes a setting changes it, a comment or a
+    reordering does not."""
+    from cli import strict_yaml
+
+    values = json.dumps(strict_yaml.load(path), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(values.encode()).hexdigest()
+
+
 def recipe_digests(methods: list[str]) -> dict:
-    """method -> sha256 of its study recipe (and the backbone's): a resume under edited recipes is another study."""
+    """method -> the digest of its study recipe (and the backbone's): a resume under other settings is another
+    study."""
     from train.demo import ROOT
 
-    return {name: hashlib.sha256((ROOT / "recipes" / "study" / f"{name}.yaml").read_bytes()).hexdigest()
-            for name in ("backbone", *methods)}
+    return {name: recipe_digest(ROOT / "recipes" / "study" / f"{name}.yaml") for name in ("backbone", *methods)}
 
 
 def tuned_settings(args) -> dict:
@@ -134,16 +152,27 @@ def kept_settings(path, methods: list[str], budgets: list[str] | None = None) ->
 
 
 def sweep(ctx: dict, methods: list[str], backbone: dict, log) -> dict:
-    """Coordinate-wise: every method's learning rates at once, then the betas at each one's learning rate kept for
-    the long budget; each budget's kept point chosen on its own validation numbers (`select`)."""
+    """Every method's learning rates at once, then the betas at each one's learning rate kept for the long budget,
+    then the 2-D refinement around each one's long-budget choice (selection.py's refinement_points; a point tried
+    before is not run again); each budget's kept point chosen among all of a method's points on its own validation
+    numbers (`select`)."""
     budgets, long = list(ctx["budgets"]), list(ctx["budgets"])[-1]
-    points = {m: sweep_points(m, ctx["lr_factors"]) for m in methods}
     results = {m: [] for m in methods}
-    for stage in ("learning_rate", "beta"):
-        if stage == "beta":
-            points = {m: [p for p in sweep_points(m, ctx["beta_factors"],
-                                                  select(results[m], long)["point"]["learning_rate"])
-                          if p not in [r["point"] for r in results[m]]] for m in methods if m in BETA_METHODS}
+
+    def new(m: str, candidates: list[dict]) -> list[dict]:
+        tried = [r["point"] for r in results[m]]
+        return [p for i, p in enumerate(candidates)
+                if not any(same_point(p, q) for q in tried + candidates[:i])]
+
+    for stage in ("learning_rate", "beta", "refine"):
+        if stage == "learning_rate":
+            points = {m: sweep_points(m, ctx["lr_factors"]) for m in methods}
+        elif stage == "beta":
+            points = {m: new(m, sweep_points(m, ctx["beta_factors"], select(results[m], long)["point"]["learning_rate"]))
+                      for m in methods if m in BETA_METHODS}
+        else:
+            points = {m: new(m, refinement_points(select(results[m], long)["point"], ctx["refine_lr_factors"],
+                                                  ctx["refine_beta_factors"])) for m in methods}
         tasks = [("sweep", ctx, m, p, s) for m in points for p in points[m] for s in ctx["sweep_seeds"]]
         if not tasks:
             continue
@@ -158,7 +187,7 @@ def sweep(ctx: dict, methods: list[str], backbone: dict, log) -> dict:
     for m in methods:
         chosen = {b: select(results[m], b) for b in budgets}
         swept[m] = {"points": results[m], "kept": {b: c["point"] for b, c in chosen.items()},
-                    "moved": {b: c["moved"] for b, c in chosen.items()}}
+                    "moved": {b: c["moved"] for b, c in chosen.items()}, "rule": {b: c["rule"] for b, c in chosen.items()}}
     return swept
 
 
@@ -171,16 +200,18 @@ def run_protocol(args, out: Path, backbone: Path, data: Path, backbone_rows: dic
     ctx = {"out": str(out), "backbone": str(backbone), "data": str(data), "start": log.start,
            "steps": args.steps, "long_steps": args.steps * args.long_factor, "curve_every": args.curve_every,
            "budgets": budgets, "lr_factors": args.lr_factors, "beta_factors": args.beta_factors,
+           "refine_lr_factors": args.refine_lr_factors, "refine_beta_factors": args.refine_beta_factors,
            "sweep_seeds": args.sweep_seeds, "jobs": args.jobs, "eval_limit": args.eval_limit,
            "eval_batch_size": args.eval_batch_size, "max_new_tokens": args.max_new_tokens,
            "train_args": args.train_args}
     methods = args.methods
     # the compute of one step of every recipe, measured on this study's data (train/compute.py): the basis on which
     # GRPO's prompts and G per step were matched to DPO's
+    phases = {"backbone": round(time.time() - log.start, 1)}  # data, tiny model, backbone and its evaluation
     plan = study_plan(data, out / "tiny-qwen2vl", ROOT / "recipes" / "study", methods, sample=PLAN_SAMPLE,
-                      overrides=args.train_args)
+                      overrides=args.train_args, kinds={m: script(m) for m in methods})
     log("compute per step (k tokens, planned on this data): " + ", ".join(
-        f"{METHOD_NAMES[m]} {p['compute'] / 1000:.1f}" for m, p in plan.items()))
+        f"{NAMES[m]} {p['compute'] / 1000:.1f}" for m, p in plan.items()))
     backbone_val = None
     if args.kept_from:
         kept = kept_settings(args.kept_from, methods, list(budgets))
@@ -188,6 +219,7 @@ def run_protocol(args, out: Path, backbone: Path, data: Path, backbone_rows: dic
     else:
         backbone_val = runs.run_tasks([("backbone", ctx)], 1)[0]
         swept = sweep(ctx, methods, backbone_val, log)
+    phases["sweep"] = round(time.time() - log.start - phases["backbone"], 1)  # with the plan and the validation
     kept = {m: swept[m]["kept"] for m in methods}
     ctx["common_from_long"] = {m: kept[m]["1x"] == kept[m][long] for m in methods}
     tasks = [("final", ctx, m, kept[m][long], s, ctx["long_steps"]) for s in args.seeds for m in methods]
@@ -200,6 +232,7 @@ def run_protocol(args, out: Path, backbone: Path, data: Path, backbone_rows: dic
     for (_, _, m, _, s, total), result in zip(tasks, runs.run_tasks(tasks, args.jobs)):
         own = total == ctx["steps"] and not ctx["common_from_long"][m] and ctx["steps"] != ctx["long_steps"]
         final[m].setdefault("runs_1x" if own else "runs", {})[f"seed{s}"] = result
+    phases["final"] = round(time.time() - log.start - phases["backbone"] - phases["sweep"], 1)
     steps = runs.curve_steps(ctx)
     trained = sum(r.get("trained", False) for m in methods for key in ("runs", "runs_1x")
                   for r in final[m].get(key, {}).values())
@@ -207,18 +240,14 @@ def run_protocol(args, out: Path, backbone: Path, data: Path, backbone_rows: dic
     report = {"protocol": "tuned", "format": FORMAT, "platform": platform(), "methods": methods, "seeds": args.seeds,
               "budgets": budgets, "curve_steps": steps, "plan": plan, "backbone": backbone_rows,
               "backbone_val": backbone_val, "sweep": swept, "final": final,
-              "summary": summarize(final, methods, budgets), "curves": curves(final, methods, steps),
-              "paired": paired(final, methods, budgets), "wall_seconds": round(time.time() - log.start, 1),
+              "wall_seconds": round(time.time() - log.start, 1), "phases": phases, "jobs": args.jobs,
               "final_runs": {"trained": trained, "all": count},
+              "sweep_runs": {"trained": sum(s.get("trained", False) for m in swept for p in swept[m]["points"]
+                                            for s in p["seeds"].values()),
+                             "all": sum(len(p["seeds"]) for m in swept for p in swept[m]["points"])},
               "train_seconds": round(sum(r["training"].get("train_runtime", 0) for m in methods
                                          for key in ("runs", "runs_1x") for r in final[m].get(key, {}).values()), 1)}
     report["train_seconds_by_method"] = {m: round(sum(r["training"].get("train_runtime", 0) for key in
                                                       ("runs", "runs_1x") for r in final[m].get(key, {}).values()), 1)
                                          for m in methods}
-    report["frontier"] = frontier(report)
-    report["compute_match"] = compute_match(report)
-    report["goal"] = goal(report)
-    return report
-
-
-
+    return analyse(report)

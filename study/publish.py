@@ -2,7 +2,7 @@
 its tables into docs/study.md between the page's markers and its JSON and plots beside the page; a study.json read
 back (its layout checked).
 
-May import: cli, store; the study's tables, plots and protocol (the layout's number).
+May import: cli, store; the study's tables, plots, results and protocol (the layout's number).
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from pathlib import Path
 from cli.errors import read_json
 from study.plots import plot_curves, plot_frontier
 from study.protocol import FORMAT
+from study.results import analyse
 from study.tables import tables
+
+READABLE = (2, FORMAT)  # the layouts read_study takes: issue 40's and today's
 
 
 def write_report(report: dict, out: Path) -> str:
@@ -73,13 +76,13 @@ def publish(study: Path, docs: Path) -> None:
 
 
 def read_study(path) -> dict:
-    """A tuned study.json of this layout (FORMAT); one line naming the file otherwise."""
+    """A tuned study.json of this layout (FORMAT) or of issue 40's (2), its statistics computed again from its
+    per-seed values by today's code (results.py's `analyse`); one line naming the file otherwise."""
     from cli.errors import InputError
 
     report = read_json(path)
-    if not isinstance(report, dict) or report.get("format") != FORMAT:
-        raise InputError(path, None, "format", f"not a tuned study.json of layout {FORMAT} (issue 40); an earlier "
-                         "study's tables are on docs/study.md, its kept settings still serve --kept-from")
-    return report
-
-
+    if not isinstance(report, dict) or report.get("format") not in READABLE:
+        raise InputError(path, None, "format", f"not a tuned study.json of layout {' or '.join(map(str, READABLE))} "
+                         "(issues 40, 47); an earlier study's tables are on docs/study.md, its kept settings still "
+                         "serve --kept-from")
+    return analyse(report)

@@ -12,11 +12,11 @@ import statistics
 import time
 from pathlib import Path
 
-from train.common import METHOD_NAMES
+from study.methods import NAMES
 from train.demo import METHODS, ROOT, SETTINGS, train, training_summary
 
 ROWS = {"backbone": "backbone (helpful)", "self_moderation": "self-moderation (training-free)",
-        **{m: METHOD_NAMES[m] for m in METHODS}}
+        **{m: NAMES[m] for m in METHODS}}
 SPY = {"ics": "ICS", "rta_nonconflict": "RtA", "ata_nonconflict": "AtA", "hms": "HMS"}
 # The quick protocol's settings (a folder it made stays usable); the tuned one adds its own and the platform.
 QUICK_SETTINGS = ("backbone_steps", "steps", "train_per_label", "test_per_label", "general_train", "general_test",

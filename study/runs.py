@@ -3,8 +3,8 @@ checkpoint, reused once finished), its checkpoints evaluated on the validation s
 (eval/suites/study.yaml), and what its log says it processed (compute, time, GRPO's group statistics); the sweep's
 and the final phase's tasks, and the pool that runs them `--jobs` at a time.
 
-May import: cli, store, eval, train and the study's text (how a number reads); no other file of the study (they sit
-above this one).
+May import: cli, store, eval, train and the study's methods and text; no other file of the study (they sit above
+this one).
 """
 
 from __future__ import annotations
@@ -13,20 +13,22 @@ import json
 import math
 import re
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+from study.methods import script
 from study.text import fmt
 
-# GRPO (online RL: train/grpo.py, recipes/study/grpo.yaml) is a method of this protocol only, by choice
-# (`--methods sft dpo nca nca_p grpo`): its learning rate and KL beta swept like the others', budgets in optimizer steps
-EXTRA_METHODS = {"grpo": "grpo"}  # method -> training script, beside train/demo.py's METHODS
-# What GRPO's logs say about its groups (means over the logged steps of a run up to a budget): TRL's share of groups
-# whose rewards do not vary, the KL to the reference, the mean reward and completion length, and every key the
-# dynamic sampling logs under its prefix (losses/grpo_trainer.py)
+# What a GRPO run's logs say about its groups (means over the logged steps of a run up to a budget): TRL's share of
+# groups whose rewards do not vary, the KL to the reference, the mean reward and completion length, and every key
+# logged under these prefixes (losses/grpo_trainer.py): dynamic sampling, generation counts, the group statistics
+# per kind of prompt (groups/reject_with_refusal: refusal-expected groups holding a refusal), the guidance (the
+# share of groups guided, the guides' advantage, the supervised term)
 GROUP_KEYS = ("frac_reward_zero_std", "kl", "reward", "reward_std", "completions/mean_length")
-GROUP_PREFIXES = ("dynamic_sampling/", "generation/")
+GROUP_PREFIXES = ("dynamic_sampling/", "generation/", "groups/", "guidance/", "guided/")
+
 
 def point_name(method: str, point: dict, seed: int) -> str:
     beta = f"-beta{point['beta']:.3g}" if "beta" in point else ""
@@ -86,15 +88,15 @@ def _clock(ctx: dict):
 def train_run(ctx: dict, method: str, point: dict, seed: int, folder: Path, steps: int, save_every: int, log) -> bool:
     """One training run through the study's launcher (resumed from its last checkpoint, reused once finished);
     True where this call trained."""
-    from train.demo import METHODS, ROOT, train
+    from train.demo import ROOT, train
 
     trained = not (folder / "train_metrics.json").exists()
     extra = ["--seed", str(seed), "--learning_rate", repr(point["learning_rate"]),
              "--lr_scheduler_type", "constant_with_warmup", "--save_steps", str(save_every),
              "--save_total_limit", "1000", *(["--beta", repr(point["beta"])] if "beta" in point else []),
-             *(["--general_data_path", str(Path(ctx["data"]) / "general_train.json")] if method == "grpo" else []),
+             *(["--general_data_path", str(Path(ctx["data"]) / "general_train.json")] if script(method) == "grpo" else []),
              *ctx["train_args"]]
-    train({**METHODS, **EXTRA_METHODS}[method], Path(ctx["backbone"]), Path(ctx["data"]), folder, steps, log, extra,
+    train(script(method), Path(ctx["backbone"]), Path(ctx["data"]), folder, steps, log, extra,
           ROOT / "recipes" / "study" / f"{method}.yaml")
     return trained
 
@@ -126,7 +128,7 @@ def group_statistics(history: list[dict], step: int) -> dict:
 def run_record(folder: Path, method: str, point: dict, total: int, steps: list[int]) -> dict:
     """str(step) -> what a finished run of `total` steps had processed by each of `steps`: its compute (thousands of
     forward-token equivalents, train/compute.py; None where its log cannot say), its training time (train_runtime at
-    its last step, the progress bar's elapsed time before) and, for GRPO, its group statistics."""
+    its last step, the progress bar's elapsed time before) and, for the GRPOs, their group statistics."""
     from train.compute import run_compute
 
     history = json.loads((folder / "train_metrics.json").read_text())
@@ -135,10 +137,10 @@ def run_record(folder: Path, method: str, point: dict, total: int, steps: list[i
     runtime = next((e["train_runtime"] for e in reversed(history) if "train_runtime" in e), None)
     record = {}
     for step in steps:
-        compute = run_compute(history, step, method, point.get("beta"))["compute"]
+        compute = run_compute(history, step, script(method), point.get("beta"))["compute"]
         record[str(step)] = {"compute_k": None if compute is None else compute / 1000,
                              "train_seconds": runtime if step == total else elapsed_at(log_text, step, total)}
-        if method == "grpo":
+        if script(method) == "grpo":
             record[str(step)]["logged"] = group_statistics(history, step)
     return record
 
@@ -146,19 +148,21 @@ def run_record(folder: Path, method: str, point: dict, total: int, steps: list[i
 # ------------------------------------------------------------------------------------------------- the runs
 def sweep_task(ctx: dict, method: str, point: dict, seed: int) -> dict:
     """One sweep run: trained to the long budget with a checkpoint at the common one, both evaluated on the
-    validation split; budget -> values."""
+    validation split; budget -> values, with whether this call trained it and its wall time (training and
+    evaluations)."""
+    start = time.time()
     log = _clock(ctx)
     name = point_name(method, point, seed)
     folder = Path(ctx["out"]) / "sweep" / name
     budgets = ctx["budgets"]
-    train_run(ctx, method, point, seed, folder, ctx["long_steps"], ctx["steps"], log)
+    trained = train_run(ctx, method, point, seed, folder, ctx["long_steps"], ctx["steps"], log)
     processed = run_record(folder, method, point, ctx["long_steps"], list(budgets.values()))
     values = {}
     for budget, step in budgets.items():
         values[budget] = {**evaluate(ctx, folder / f"checkpoint-{step}", f"sweep/{name}/step{step}", "val", False),
                           **processed[str(step)]}
     log(f"sweep {name}: validation overall " + ", ".join(f"{fmt(v.get('overall'))} at {b}" for b, v in values.items()))
-    return values
+    return {**values, "trained": trained, "wall_seconds": round(time.time() - start, 1)}
 
 
 def final_task(ctx: dict, method: str, point: dict, seed: int, total: int) -> dict:
@@ -166,6 +170,7 @@ def final_task(ctx: dict, method: str, point: dict, seed: int, total: int) -> di
     common budget at a setting of its own: its last checkpoint), both settings at each budget it serves."""
     from train.demo import training_summary
 
+    start = time.time()
     log = _clock(ctx)
     own = total == ctx["steps"] and ctx["steps"] != ctx["long_steps"]  # the common budget's own run
     name = f"{method}-1x-seed{seed}" if own else f"{method}-seed{seed}"
@@ -180,7 +185,8 @@ def final_task(ctx: dict, method: str, point: dict, seed: int, total: int) -> di
                                         step in serves), **processed[str(step)]}
     log(f"final {name}: held-out overall " + ", ".join(f"{fmt(values[str(s)].get('overall'))} at {s} steps"
                                                       for s in serves))
-    return {"steps": values, "training": training_summary(folder), "run": name, "trained": trained}
+    return {"steps": values, "training": training_summary(folder), "run": name, "trained": trained,
+            "wall_seconds": round(time.time() - start, 1)}
 
 
 def curve_steps(ctx: dict) -> list[int]:
