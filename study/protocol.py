@@ -119,6 +119,11 @@ def tuned_settings(args) -> dict:
     if args.steps % args.curve_every:
         raise InputError("command line", None, "--curve-every", f"must divide --steps ({args.steps}), got "
                          f"{args.curve_every}")
+    from train.demo import ROOT
+
+    for name in ("backbone", *args.methods):  # a method without its recipe (guided GRPO's comes with issue 45)
+        if not (ROOT / "recipes" / "study" / f"{name}.yaml").is_file():
+            raise InputError(ROOT / "recipes" / "study" / f"{name}.yaml", None, "--methods", f"{name}: no recipe")
     if args.kept_from:  # a method it lacks, or other budgets: one line now, not after the backbone
         kept_settings(args.kept_from, args.methods, ["1x", f"{args.long_factor}x"])
     pin_numerics()  # before platform() loads torch: this process evaluates the checkpoints

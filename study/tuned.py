@@ -20,7 +20,7 @@ from study.publish import READABLE, publish, read_study
 from study.selection import BETA_METHODS
 from study.tables import tables
 
-STUDY_METHODS = ("sft", "dpo", "nca", "nca_p", "grpo")  # the Makefile's study-tuned
+STUDY_METHODS = ("sft", "dpo", "nca", "nca_p", "grpo", "grpo_guided")  # the Makefile's study-tuned
 
 
 def main(argv: list[str] | None = None) -> None:

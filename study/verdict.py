@@ -12,6 +12,10 @@ from study.methods import NAMES
 from study.results import COMPUTE_TOLERANCE, GOAL, GRPO_METHODS, METRICS, budget_names, references, seeds_needed
 from study.text import ci, fmt, p_value
 
+# Which rows a GRPO run's reference tokens were counted on (train/compute.py's reference_rule, recorded per run)
+REFERENCE_RULES = {"trained": "the trained rows (the rule before issue 45: its reference ran on every generation "
+                              "round's rows, so this undercounts it)",
+                   "every round": "every generation round's rows", "logged": "the rows it logged scoring"}
 # The GRPOs' logged group statistics the verdict names (runs.py's group_statistics keys), in this order
 NAMED_STATISTICS = {"groups/reject_with_refusal": "refusal-expected groups holding a refusal",
                     "guidance/guided_share": "groups guided", "kl": "KL to the reference",
@@ -124,7 +128,8 @@ def verdict_text(report: dict) -> str:
         lines += ["", "**Compute** (train/compute.py, read from each run's log): " + "; ".join(
             f"{NAMES[m]} {v['ratio']:.2f}x DPO's at {b} ({v['compute']:.0f}k against {v['dpo']:.0f}k "
             f"tokens: {'within' if v['within'] else 'outside'} the {COMPUTE_TOLERANCE:.0%} the protocol matches them "
-            "to)" for b, methods in match.items() for m, v in methods.items()) + "."]
+            f"to; its reference counted on {' and '.join(REFERENCE_RULES.get(r, r) for r in v.get('rules', ['trained']))})"
+            for b, methods in match.items() for m, v in methods.items()) + "."]
     still = [(m, b) for m in report["methods"] for b in budget_names(report)
              if report["sweep"][m].get("rule", {}).get(b) == "still"
              or ("rule" not in report["sweep"][m] and report["sweep"][m].get("moved", {}).get(b) is False)]

@@ -191,28 +191,28 @@ def test_the_sweep_chooses_each_budget_on_its_own_numbers(monkeypatch):
 
 def test_the_sweep_refines_in_two_dimensions_around_the_long_budgets_choice(monkeypatch):
     """After the coordinate stages, the grid lr x {1/1.5, 1, 1.5} by beta x {1/3, 1, 3} around the 3x choice, on both
-    sweep seeds, without the points already tried; the kept point is chosen among all stages. Here DPO's issue-47
-    case: lr 9e-4 with beta 1.5 was never tried coordinate-wise, and the refinement around (6e-4, 1.5) finds a point
-    between 3e-4 and 9e-4 that keeps general ability."""
+    sweep seeds, without the points already tried (NCA's beta: 0.01 x 3 / 3 is 0.009999999999999998 in floats, the
+    same point); the kept point is chosen among all stages. Issue 47's case: lr 9e-4 with the larger beta was never
+    tried coordinate-wise, and the refinement around (6e-4, 0.03) finds it."""
     back = {"1x": (7.5, 100.0, 19.3), "3x": (7.5, 100.0, 19.3)}
-    values = {(2e-4, 0.5): back, (6e-4, 0.5): {"1x": (7.5, 100.0, 19.3), "3x": (79.0, 100.0, 63.5)},
-              (1.8e-3, 0.5): {"1x": (4.5, 74.0, 14.2), "3x": (7.5, 50.0, 23.6)},
-              (6e-4, 1.5): {"1x": (7.5, 91.0, 19.1), "3x": (90.0, 100.0, 71.3)}}
-    values.update({(round(6e-4 * a, 10), round(1.5 * b, 10)): back for a in (1 / 1.5, 1, 1.5) for b in (1 / 3, 1, 3)
+    values = {(2e-4, 0.01): back, (6e-4, 0.01): {"1x": (7.5, 100.0, 19.3), "3x": (79.0, 100.0, 63.5)},
+              (1.8e-3, 0.01): {"1x": (4.5, 74.0, 14.2), "3x": (7.5, 50.0, 23.6)},
+              (6e-4, 0.03): {"1x": (7.5, 91.0, 19.1), "3x": (90.0, 100.0, 71.3)}}
+    values.update({(round(6e-4 * a, 10), round(0.03 * b, 10)): back for a in (1 / 1.5, 1, 1.5) for b in (1 / 3, 1, 3)
                    if (a, b) != (1, 1) and (a, b) != (1, 1 / 3)})
-    values[(9e-4, 1.5)] = {"1x": (7.5, 100.0, 19.3), "3x": {100: (99.0, 100.0, 72.0), 101: (97.0, 99.0, 71.0)}}
+    values[(9e-4, 0.03)] = {"1x": (7.5, 100.0, 19.3), "3x": {100: (99.0, 100.0, 72.0), 101: (97.0, 99.0, 71.0)}}
     values = {k: {s: {b: (v[b][s] if isinstance(v[b], dict) else v[b]) for b in v} for s in (100, 101)}
               for k, v in values.items()}
     seen = []
-    monkeypatch.setattr("study.selection.recipe_value", lambda m, k: {"learning_rate": 6e-4, "beta": 0.5}[k])
+    monkeypatch.setattr("study.selection.recipe_value", lambda m, k: {"learning_rate": 6e-4, "beta": 0.01}[k])
     swept = _fixed_sweep(monkeypatch, values, {"sweep_seeds": [100, 101], "refine_lr_factors": [1 / 1.5, 1, 1.5],
                                                "refine_beta_factors": [1 / 3, 1, 3]}, seen)
     stages = [p["stage"] for p in swept["points"]]
-    assert stages == ["learning_rate"] * 3 + ["beta"] + ["refine"] * 7  # (6e-4, 0.5) was tried: 8 - 1
+    assert stages == ["learning_rate"] * 3 + ["beta"] + ["refine"] * 7  # (6e-4, 0.01) was tried: 8 - 1
     refined = [(round(p["point"]["learning_rate"], 10), round(p["point"]["beta"], 10)) for p in swept["points"][4:]]
-    assert (9e-4, 1.5) in refined and (6e-4, 0.5) not in refined and len(set(refined)) == 7
+    assert (9e-4, 0.03) in refined and (6e-4, 0.01) not in refined and len(set(refined)) == 7
     assert len(seen) == 2 * 11 and {s for *_, s in seen} == {100, 101}
-    assert swept["kept"]["3x"] == {"learning_rate": pytest.approx(9e-4), "beta": pytest.approx(1.5)}
+    assert swept["kept"]["3x"] == {"learning_rate": pytest.approx(9e-4), "beta": pytest.approx(0.03)}
     assert swept["rule"]["3x"] == "floor" and swept["rule"]["1x"] == "still"
 
 
@@ -382,6 +382,37 @@ def test_the_estimate_command_names_its_source_and_takes_seeds_as_a_list(capsys)
     estimate_parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["estimate"]
     assert all(action.help for action in estimate_parser._actions), "an option of estimate without help"
     assert estimate_parser._option_string_actions["--seeds"].nargs == "+"
+
+
+def test_guided_grpo_is_a_method_with_its_group_statistics_and_compute_match():
+    """Guided GRPO (issue 45; recipes/study/grpo_guided.yaml, train/grpo.py) as the study's sixth method: GRPO's script
+    and kind, swept on its KL beta, paired with GRPO, DPO and NCA-P; its logged group statistics per run (the share of
+    groups guided, refusal-expected groups holding a refusal, the KL: means over the logged steps up to a budget) and
+    its compute against DPO's with the rule that counted its reference."""
+    from study.methods import NAMES, script
+    from study.results import PAIRS, compute_match
+    from study.runs import group_statistics
+    from study.selection import BETA_METHODS
+
+    assert script("grpo_guided") == "grpo" and NAMES["grpo_guided"] == "Guided GRPO" and "grpo_guided" in BETA_METHODS
+    assert {("grpo_guided", "grpo"), ("grpo_guided", "dpo"), ("grpo_guided", "nca_p")} <= set(PAIRS)
+    history = [{"step": 5, "kl": 0.1, "guidance/guided_share": 0.5, "groups/reject_with_refusal": 0.2, "loss": 1.0},
+               {"step": 10, "kl": 0.3, "guidance/guided_share": 0.25, "groups/reject_with_refusal": 0.6,
+                "guidance/supervised_nll": float("nan")},
+               {"step": 15, "kl": 9.0, "guidance/guided_share": 1.0}]
+    assert group_statistics(history, 10) == {"kl": pytest.approx(0.2), "guidance/guided_share": 0.375,
+                                             "groups/reject_with_refusal": pytest.approx(0.4)}
+    report = _report({"dpo": [(8, 100, {"compute_k": 1000.0}), (8, 100, {"compute_k": 1000.0})],
+                      "grpo_guided": [(8, 100, {"compute_k": 1150.0, "compute_rule": "logged"}),
+                                      (8, 100, {"compute_k": 1250.0, "compute_rule": "logged"})],
+                      "grpo": [(8, 100, {"compute_k": 1400.0}), (8, 100, {"compute_k": 1500.0})]})
+    match = compute_match(report)["1x"]
+    assert match["grpo_guided"] == {"compute": 1200.0, "dpo": 1000.0, "ratio": 1.2, "rules": ["logged"],
+                                    "within": True}
+    assert match["grpo"]["ratio"] == 1.45 and not match["grpo"]["within"] and match["grpo"]["rules"] == ["trained"]
+    text = verdict_text(report)
+    assert "Guided GRPO 1.20x DPO's at 1x" in text and "its reference counted on the rows it logged scoring" in text
+    assert "GRPO 1.45x DPO's at 1x" in text and "outside the 20%" in text
 
 
 def test_elapsed_time_from_the_progress_bar():
