@@ -660,7 +660,8 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     for run in (common or {}).values():
         assert set(run["steps"]) == {"2"} and "ics_distr" in run["steps"]["2"]
     summary = report["summary"]["2x"]["nca_p"]["general"]
-    assert set(summary) == {"mean", "std", "n", "low", "high"} and summary["n"] == 2
+    assert set(summary) == {"mean", "median", "std", "n", "low", "high", "interval"} and summary["n"] == 2
+    assert summary["interval"] == "percentile bootstrap" and report["success"]["2x"]["nca_p"]["n"] == 2
     assert report["summary"]["1x"]["nca_p"]["compute_k"]["n"] == 2
     assert (out / "runs" / "nca_p-seed1" / "checkpoint-2" / "model.safetensors").exists()
     assert {r["name"] for r in report["frontier"]} >= {"backbone", "self_moderation", "NCA-P 1x", "NCA-P 2x"}
