@@ -1,7 +1,7 @@
 """The tuned study's two pictures: the learning curves (held-out ICS, HMS and general accuracy against the step) and
 the privacy-ability frontier (held-out ICS against general accuracy, the goal's corner, the Pareto front).
 
-May import: matplotlib (lazily), train (the method names); the study's results.
+May import: matplotlib (lazily); the study's methods and results.
 """
 
 from __future__ import annotations

@@ -31,8 +31,7 @@ This file holds the protocol's order (its options and settings, the sweep's stag
 assembly); the pieces are its neighbours: runs.py (one run trained and evaluated), selection.py (which point a stage
 keeps), results.py (the statistics over seeds), pins.py (the numerics).
 
-May import: cli, store, eval, train (the launcher, the compute plan) and the study's own runs, selection, results
-and pins.
+May import: cli, train (the launcher, the compute plan) and the study's methods, runs, selection, results and pins.
 """
 
 from __future__ import annotations

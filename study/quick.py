@@ -3,7 +3,7 @@ the helpful backbone at the recipes' settings, once per seed; evaluated with eva
 with the self-moderation turns); study.json (every method and seed, mean and std), study.md (the paper's Table 6 / 7
 layouts, the paper's numbers beside ours) and study.png (privacy against general ability).
 
-May import: eval, store, train (the launcher, the method names); nothing of the study.
+May import: eval, store, train (the launcher); the study's methods.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ differences of PAIRS (Student t, as before), the references, the privacy-ability
 against DPO's, and the goal counted per seed. `analyse` computes all of them from a study.json's per-seed values, so
 a study of an earlier layout is read with today's statistics. Pure functions of a study.json's values.
 
-May import: eval (its statistics), train (the method names, the compute's tolerance rule); the study's selection
-(the noise band).
+May import: eval (its statistics), train (the compute's tolerance rule); the study's methods and selection (the
+noise band).
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@ checkpoint, reused once finished), its checkpoints evaluated on the validation s
 (eval/suites/study.yaml), and what its log says it processed (compute, time, GRPO's group statistics); the sweep's
 and the final phase's tasks, and the pool that runs them `--jobs` at a time.
 
-May import: cli, store, eval, train and the study's methods and text; no other file of the study (they sit above
-this one).
+May import: eval, train and the study's methods and text; no other file of the study (they sit above this one).
 """
 
 from __future__ import annotations

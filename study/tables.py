@@ -3,8 +3,7 @@ rule kept each point), the held-out bench per budget with the seeds that meet th
 ICS and general accuracy, the frontier, the paired differences (another platform's verdicts beside, where given),
 then the verdict and the recommendation; what `study.md` and docs/study.md's generated block hold.
 
-May import: eval (its markdown table), train (the method names); the study's results, verdict, pins, selection and
-text.
+May import: eval (its markdown table); the study's methods, results, verdict, pins, selection and text.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """`python -m study.tuned`: the tuned study's tables again from its study.json, `publish` into docs/study.md, `compare`
 (the cross-machine check: two studies' shared values bit for bit) and `estimate` (its time from a recorded study).
 
-May import: cli, train (the one way a command ends); the study's tables, plots, publish, pins and estimate.
+May import: cli, train (the one way a command ends); the study's methods, protocol, selection, tables, plots,
+publish, pins and estimate.
 """
 
 from __future__ import annotations

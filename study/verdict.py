@@ -3,7 +3,7 @@ goal counted per seed (who reached it on enough seeds, or how many seeds came ho
 with the GRPOs' logged group statistics from these runs); the GRPOs against the offline methods; the compute match;
 and which method to use at which budget, how reliably, at what cost, and what that says about a 7B model.
 
-May import: train (the method names); the study's results and text.
+May import: the study's methods, results and text.
 """
 
 from __future__ import annotations
