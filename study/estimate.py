@@ -117,12 +117,12 @@ def calibration(recorded: dict) -> tuple[float, str]:
 
 def estimate(recorded: dict, methods: list[str], sweep_seeds: int, seeds: int, jobs: int, own_1x: list[str] = (),
              refine_new: dict | None = None, beta_new: int = 1, steps: int = TUNED_STEPS, factor: int = 3,
-             samples: dict | None = None) -> dict:
+             samples: dict | None = None, lr_points: int = 3) -> dict:
     """The protocol's runs at these settings and their time, from the recorded study (see the module's text)."""
     per_step = step_seconds(recorded, methods, samples)
     scale, basis = calibration(recorded)
     overhead = {k: v * scale for k, v in OVERHEAD_SECONDS.items() if k != "backbone"}
-    counts = run_counts(methods, sweep_seeds, seeds, beta_new=beta_new, refine_new=refine_new, own_1x=own_1x)
+    counts = run_counts(methods, sweep_seeds, seeds, lr_points, beta_new, refine_new, own_1x)
     long_steps = steps * factor
     seconds = {"sweep": 0.0, "final": 0.0}
     each_common = {}
@@ -147,6 +147,7 @@ def recorded_structure(study: dict) -> dict:
     stages = {m: [p["stage"] for p in e.get("points", [])] for m, e in study["sweep"].items()}
     return {"methods": study["methods"], "sweep_seeds": len(settings.get("sweep_seeds", [100])),
             "seeds": len(study["seeds"]), "jobs": study.get("jobs", RECORDED_JOBS),
+            "lr_points": max((s.count("learning_rate") for s in stages.values()), default=0),
             "beta_new": max((s.count("beta") for s in stages.values()), default=0),
             "refine_new": {m: s.count("refine") for m, s in stages.items()},
             "own_1x": [m for m, e in study["final"].items() if e.get("runs_1x")],
@@ -157,7 +158,7 @@ def check(recorded: dict, other: dict) -> dict:
     """The estimate, from `recorded`, of the study `other` ran (its own structure), against its measured wall time."""
     s = recorded_structure(other)
     e = estimate(recorded, s["methods"], s["sweep_seeds"], s["seeds"], s["jobs"], s["own_1x"], s["refine_new"],
-                 s["beta_new"], samples=s["samples"])
+                 s["beta_new"], samples=s["samples"], lr_points=s["lr_points"])
     return {**e, "measured": other["wall_seconds"], "ratio": e["total"] / other["wall_seconds"]}
 
 

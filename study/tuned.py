@@ -77,14 +77,18 @@ def main(argv: list[str] | None = None) -> None:
               + "".join(f"\n  {path}: {x!r} here, {y!r} there" for path, x, y in result["different"]))
         return
 
+    from cli.errors import InputError
+
     recorded = read_recorded(args.recorded)
-    if args.check:
-        print(estimate_text(check(recorded, read_recorded(args.check)), args.recorded))
-        return
     lr, beta = len(args.refine_lr_factors), len(args.refine_beta_factors)
     refine = {m: (lr * beta - 1 - (beta > 1) if m in BETA_METHODS else lr - 1) for m in args.methods}
-    print(estimate_text(estimate(recorded, args.methods, len(args.sweep_seeds), len(args.seeds), args.jobs,
-                                 args.own_1x, refine), args.recorded))
+    try:
+        result = (check(recorded, read_recorded(args.check)) if args.check else
+                  estimate(recorded, args.methods, len(args.sweep_seeds), len(args.seeds), args.jobs, args.own_1x,
+                           refine))
+    except ValueError as err:  # a method the recorded study has no runs of
+        raise InputError(args.recorded, None, "final", str(err)) from None
+    print(estimate_text(result, args.recorded))
 
 
 def read_recorded(path) -> dict:
