@@ -159,7 +159,8 @@ def frontier(report: dict) -> list[dict]:
 
 def compute_match(report: dict) -> dict:
     """budget -> GRPO method -> its mean compute against DPO's (ratio, and whether within COMPUTE_TOLERANCE), where
-    both ran and their logs say it."""
+    both ran and their logs say it, with the rules that counted its reference tokens (train/compute.py's
+    `reference_rule`; "trained" where a run recorded none: the rule before issue 45, the trained rows)."""
     from train.compute import within
 
     result = {}
@@ -169,7 +170,9 @@ def compute_match(report: dict) -> dict:
             if m not in s or "dpo" not in s or "compute_k" not in s[m] or "compute_k" not in s["dpo"]:
                 continue
             ours, dpo = s[m]["compute_k"]["mean"], s["dpo"]["compute_k"]["mean"]
-            result.setdefault(budget, {})[m] = {"compute": ours, "dpo": dpo, "ratio": ours / dpo,
+            runs = budget_runs(report["final"][m], budget, report["budgets"][budget]).values()
+            rules = sorted({r.get("compute_rule", "trained") for r in runs})
+            result.setdefault(budget, {})[m] = {"compute": ours, "dpo": dpo, "ratio": ours / dpo, "rules": rules,
                                                 "within": within(ours, dpo, COMPUTE_TOLERANCE)}
     return result
 

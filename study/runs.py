@@ -136,9 +136,12 @@ def run_record(folder: Path, method: str, point: dict, total: int, steps: list[i
     runtime = next((e["train_runtime"] for e in reversed(history) if "train_runtime" in e), None)
     record = {}
     for step in steps:
-        compute = run_compute(history, step, script(method), point.get("beta"))["compute"]
+        counted = run_compute(history, step, script(method), point.get("beta"))
+        compute = counted["compute"]
         record[str(step)] = {"compute_k": None if compute is None else compute / 1000,
                              "train_seconds": runtime if step == total else elapsed_at(log_text, step, total)}
+        if "reference_rule" in counted:  # which rows the reference was counted on (train/compute.py)
+            record[str(step)]["compute_rule"] = counted["reference_rule"]
         if script(method) == "grpo":
             record[str(step)]["logged"] = group_statistics(history, step)
     return record
