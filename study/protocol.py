@@ -63,7 +63,8 @@ PLAN_SAMPLE = 600  # training cases per method the per-step plan is measured on 
 
 def add_arguments(parser, methods: list[str]) -> None:
     group = parser.add_argument_group("the tuned protocol (--protocol tuned; study/protocol.py)")
-    group.add_argument("--methods", nargs="+", choices=[*methods, *EXTRA_METHODS], default=methods)
+    group.add_argument("--methods", nargs="+", choices=[*methods, *EXTRA_METHODS], default=methods,
+                       help="the methods compared (default: the four offline ones; grpo and grpo_guided opt in)")
     group.add_argument("--sweep-seeds", type=option("seed"), nargs="+", default=[100, 101],
                        help="seeds of every sweep point: a point is judged by its means over them (default: two)")
     group.add_argument("--lr-factors", type=positive_float, nargs="+", default=[1 / 3, 1, 3],
