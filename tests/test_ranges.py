@@ -19,7 +19,7 @@ from losses.nca_p_trainer import NCAPConfig
 from losses.vision_dpo_trainer import VisionDPOConfig
 from train import dpo, grpo, nca_p, sft
 from train.common import SpyTuneArguments, parse_recipe
-from train.ranges import LARGEST, RANGES, check_values, fields_of
+from train.ranges import COUNTS, LARGEST, RANGES, check_values, fields_of
 
 ROOT = Path(__file__).resolve().parents[1]
 # What each entry script parses (train/*.py main): the config classes, its module and its demo recipe.
@@ -39,17 +39,19 @@ def test_every_numeric_field_of_every_accepted_config_is_in_the_table():
     assert sorted(set(RANGES) - numeric) == []
 
 
-HOSTILE = [math.nan, math.inf, -math.inf, 10**29, -10**29, 2**63, float(LARGEST) * 4, True]
+HOSTILE = [math.nan, math.inf, -math.inf, True]
+HUGE = [10**29, -10**29, 2**63, float(LARGEST) * 4]  # for whole numbers and counts (COUNTS)
 
 
 @pytest.mark.parametrize("method", TRAINERS)
 def test_every_numeric_field_refuses_what_no_range_holds(method):
-    """Every numeric field of each trainer's configs against NaN, +-inf, +-10**29, 2**63, past LARGEST and a bool:
-    each refused, naming the field (the pure check parse_recipe runs on the parsed values)."""
+    """Every numeric field of each trainer's configs against NaN, +-inf and a bool, and every whole number and
+    count against +-10**29, 2**63 and past LARGEST: each refused, naming the field (the pure check parse_recipe
+    runs on the parsed values)."""
     for name, spec in fields_of(*config_types(method)).items():
         if spec.rule is None:
             continue
-        for value in HOSTILE:
+        for value in HOSTILE + (HUGE if spec.rule.whole or name in COUNTS else []):
             with pytest.raises(InputError, match=rf"^where: {name}: "):
                 check_values({name: [value] if spec.items else value}, config_types(method), fail)
 

@@ -2,10 +2,10 @@
 accepts (ours, TRL's and transformers'), with its range and whether `null` (unset) is allowed.
 
 The fields come from the dataclasses themselves (`fields_of`): a field typed int or float, or a list of them, is a
-number. `RANGES` gives each one's range by name; whole numbers and every number without an upper bound are at
-most LARGEST (an int that torch or a sampler cannot hold was an OverflowError mid-run). A numeric field the table
-does not name is still finite and within +-LARGEST, and tests/test_ranges.py fails until it is named: a field a new
-TRL adds cannot slip past unreviewed. `null` is allowed exactly where the dataclass types a field Optional (TRL's
+number. `RANGES` gives each one's range by name; every whole number, and every float that counts steps, epochs or
+seconds (COUNTS), is at most LARGEST unless its range says less (an int that torch or a sampler cannot hold was an
+OverflowError mid-run). A numeric field the table does not name is still finite and within +-LARGEST, and
+tests/test_ranges.py fails until it is named: a field a new TRL adds cannot slip past unreviewed. `null` is allowed exactly where the dataclass types a field Optional (TRL's
 command-line parser takes `null` / `none` there too), except where the library types it so and then divides by it
 (NOT_NULL); a field that is not Optional, numeric or not, refuses it.
 
@@ -75,6 +75,9 @@ RANGES: dict[str, Rule] = {
     "judge_timeout": numbers.RULES["timeout"], "max_missing_reward_share": FRACTION,
     "general_fraction": BELOW_ONE, "dynamic_sampling_max_extra_rounds": whole(1),
 }
+# Floats that count steps, epochs or seconds (the library makes ints of them, or timers): at most LARGEST, as every
+# whole number is. Other floats are only finite: a learning rate of 1e30 is legal, and diverges (losses/finite.py).
+COUNTS = {"num_train_epochs", "warmup_steps", "eval_delay", "vllm_server_timeout", "judge_timeout"}
 # Typed Optional by the library, which then computes with them: null is refused.
 NOT_NULL = {"num_generations": "GRPO divides the batch by it"}
 UNNAMED = real()  # a numeric field RANGES does not name yet: finite, within +-LARGEST
@@ -121,16 +124,16 @@ def fields_of(*config_types) -> dict[str, Field]:
     return found
 
 
-def number_problem(value, rule: Rule) -> str | None:
-    """Why a parsed number is out of its range (or past LARGEST either way), or None."""
+def number_problem(value, rule: Rule, capped: bool = True) -> str | None:
+    """Why a parsed number is out of its range (or, `capped`, past LARGEST either way), or None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"expected {'a whole number' if rule.whole else 'a number'}, got {value!r}"
     problem = rule.problem(value)
     if problem:
         return problem
-    if rule.high is None and value > LARGEST:
+    if capped and rule.high is None and value > LARGEST:
         return f"must be at most {LARGEST}, got {value}"
-    if rule.low is None and value < -LARGEST:
+    if capped and rule.low is None and value < -LARGEST:
         return f"must be at least {-LARGEST}, got {value}"
     return None
 
@@ -154,7 +157,7 @@ def check_values(values: dict, config_types, fail, nulls=()) -> None:
         for item in (value if spec.items and isinstance(value, (list, tuple)) else [value]):
             if isinstance(item, str) and not spec.items:
                 continue  # a field typed `int | str` (pad_to_multiple_of: 'auto'): the text is the library's to check
-            problem = number_problem(item, spec.rule)
+            problem = number_problem(item, spec.rule, spec.rule.whole or name in COUNTS or spec.rule is UNNAMED)
             if problem:
                 fail(name, problem)
 
