@@ -218,7 +218,7 @@ def test_hostile_values_in_any_recipe_field(method, small_data, tiny_model_dir):
         value = draw(st.one_of(plausible(method, name), HOSTILE) if name != "env" else HOSTILE)
         return name, value, draw(st.booleans())
 
-    @bounded(12)
+    @bounded(30)
     @given(st.lists(change(), min_size=1, max_size=3, unique_by=lambda t: t[0]))
     def check(changes):
         recipe_values, argv = {}, []
