@@ -184,6 +184,18 @@ def test_a_value_holding_a_key_source_s_value_is_refused(tmp_path, monkeypatch):
     assert "0123456789abcdef" not in line
 
 
+def test_a_key_source_named_on_the_command_line_covers_the_recipe_s_values(tmp_path, monkeypatch):
+    """The recipe is read before the command line: a key source the command line names (`--judge_api_key_env`)
+    still covers a recipe value holding its variable's value (checked on the merged arguments,
+    cli.secrets.refuse_recorded)."""
+    recipe = tmp_path / "grpo.yaml"
+    recipe.write_text((ROOT / "recipes" / "demo" / "grpo.yaml").read_text() + "run_name: exp-0123456789abcdef\n")
+    result = grpo_refuses(monkeypatch, tmp_path, "--judge_api_key_env", "JUDGE_CRED_I46B", recipe=recipe,
+                          env={"JUDGE_CRED_I46B": "0123456789abcdef"})
+    line = assert_one_line(result, f"{recipe}: run_name: holds the value of JUDGE_CRED_I46B")
+    assert "0123456789abcdef" not in line
+
+
 @pytest.mark.parametrize("value", [f"prefix-{K}-suffix", f"http://127.0.0.1:9/{K.replace('K', '%4B')}/v1",
                                    f"outputs/{K}"], ids=["contained", "percent-encoded", "in-a-path"])
 def test_a_value_containing_a_known_secret_is_refused(value, tmp_path, monkeypatch):
