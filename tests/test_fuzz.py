@@ -109,7 +109,7 @@ def run_example(method, recipe_values: dict, argv: list[str], data: Path, model:
                    "image_folder": str(data), "output_dir": "out", "per_device_train_batch_size": 2,
                    **({"num_generations": 2} if method == "grpo" else {})})
     recipe.update(recipe_values)
-    folder = Path(tempfile.mkdtemp(prefix="fuzz-", dir=os.environ.get("PRIVACY_ALIGN_FUZZ_DIR")))
+    folder = Path(tempfile.mkdtemp(prefix="fuzz-"))
     (folder / "recipe.yaml").write_text(yaml.safe_dump(recipe, allow_unicode=True))
     before = files_of(folder)
 
