@@ -4,7 +4,7 @@
   configs (any of them, drawn from the dataclasses) set to hostile values (null, booleans, huge and non-finite
   numbers, odd text, lists, mappings, the key), in the recipe or on the command line. Property: the run stops with
   exit 2 and one line, or reaches the model load; never a traceback; the key in no line printed and no file; no file
-  changed in the run's folder.
+  changed in the run's folder, the data's or the model's.
 * `test_a_secret_in_any_string_field_or_url_part_is_refused`: a secret placed in a string field (any of them) and in
   any URL part the class covers: the known key (as it is, inside text, percent-encoded), an unknown one as URL
   userinfo, as a key-named parameter of any spelling and separator, as the query or fragment of a URL value.
@@ -232,7 +232,9 @@ def test_hostile_values_in_any_recipe_field(method, small_data, tiny_model_dir):
         result, before, after = run_example(method, recipe_values, argv, small_data, tiny_model_dir)
         assert_property(result, before, after, K)
 
+    inputs = files_of(small_data), files_of(tiny_model_dir)
     check()
+    assert (files_of(small_data), files_of(tiny_model_dir)) == inputs  # the data and the model: never written
 
 
 SECRET_ALPHABET = string.ascii_letters + string.digits
