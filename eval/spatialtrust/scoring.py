@@ -158,6 +158,12 @@ def prediction_digest(pred) -> str:
     return hashlib.sha256(json.dumps(pred, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
+# What the readers of predictions and verdicts take each field to be (cli.errors.check_types, as the file is read):
+# a list where an id goes is one line naming the file, line and field, never a TypeError
+PREDICTION_TYPES = {"image_id": str}
+JUDGMENT_TYPES = {"image_id": str, "qid": str, "unsupported": bool, "states_absence": bool, "factors": list}
+
+
 def validate_judgments(path, judgments: list[dict], data: list[dict], predictions: list[dict] | None = None) -> None:
     """Check every verdict line against the spec and the data (one factor entry per ground-truth factor), and,
     where the line carries the judged prediction's digest, against the predictions being scored."""
