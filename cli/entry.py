@@ -5,7 +5,8 @@
 
 Whatever stops a command is said in one line on stderr, with an exit status a script can test:
 
-    2    bad input (InputError: a file, line and field; a key the endpoint refused; a closed stdout / stderr)
+    2    bad input (InputError: a file, line and field; a key the endpoint refused; a closed stdout / stderr; a
+         symbolic link loop met anywhere)
     1    the run stopped (RunStopped: a NaN loss, ...) or the machine failed it (no space left, no permission)
     130  Ctrl-C: "interrupted; the same command resumes" (run files and checkpoints keep what was done)
 

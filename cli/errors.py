@@ -281,7 +281,7 @@ class Whole:
 
 
 ID = (str, Whole)  # a record's id: text or a whole number (str() makes the key)
-_KIND_NAMES = {str: "text", bool: "true or false", Whole: "a whole number", Number: "a number", dict: "an object",
+_KIND_NAMES = {str: "a string", bool: "true or false", Whole: "a whole number", Number: "a number", dict: "an object",
                list: "a list", type(None): "null"}
 
 
@@ -314,9 +314,12 @@ def kind_names(kind) -> str:
 def check_types(path, line, record: dict, types: dict, prefix: str = "") -> None:
     """Refuse (InputError naming `path`, `line` and the field) the first field of `record` named in `types` whose
     value is not of its kind: `types` maps a field to a kind (`str`, `bool`, `list`, `dict`, `Number`, `Whole`,
-    `ID`, `type(None)`, or a tuple of them) or to a nested `types` dict for an object field. A missing field is the
-    caller's to require."""
+    `ID`, `type(None)`, or a tuple of them) or to a nested `types` dict for an object field; the name "*" stands
+    for every field of the object. A missing field is the caller's to require."""
     for name, kind in types.items():
+        if name == "*":
+            check_types(path, line, record, {key: kind for key in record if key not in types}, prefix)
+            continue
         if name not in record:
             continue
         value, field = record[name], f"{prefix}{name}"
@@ -329,10 +332,10 @@ def check_types(path, line, record: dict, types: dict, prefix: str = "") -> None
 
 
 def _shown(value) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=str) if not isinstance(value, (dict, list)) else \
-        _kind_of(value)
-    if isinstance(value, int) and not isinstance(value, bool) and len(text) > 20:
-        return f"an integer of {len(text)} digits"
+    """The value as JSON, cut at 60 characters (an integer past a float's range by its digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**20:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

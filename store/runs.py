@@ -310,8 +310,8 @@ MARKER = ".privacy-align-output"  # in an output folder: the command that made i
 
 
 def _marker(folder: Path) -> dict:
-    try:
-        found = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    try:  # through the reader: a FIFO planted as the marker is refused, never opened (it would block)
+        found = parse_json(read_text(folder / MARKER), folder / MARKER)
     except (OSError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}

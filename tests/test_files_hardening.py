@@ -380,7 +380,7 @@ def test_a_list_where_an_id_goes_is_one_line(st_files, tmp_path):
     write_jsonl(judged, lines)
     result = run_eval("spatialtrust", "score", "--data", tmp_path / "w" / dataset.name, "--predictions",
                       tmp_path / "w" / "pred.jsonl", "--judgments", judged, "--out", tmp_path / "w" / "m.json")
-    refused(result, f"{judged}:3: image_id: expected text, got a list")
+    refused(result, f"{judged}:3: image_id: expected a string, got [")
 
 
 @pytest.mark.parametrize("command", ["spy-report", "spatialtrust-report"])

@@ -79,7 +79,7 @@ def _settings(script_args, training_args, model_args) -> dict:
 
 def recorded_settings(checkpoint) -> dict | None:
     try:
-        state = read_json(Path(checkpoint) / "trainer_state.json")
+        state = read_json(Path(checkpoint) / "trainer_state.json", finite=False)  # transformers writes NaN
         return state["stateful_callbacks"][STATE_KEY]["args"]["settings"]
     except (InputError, KeyError, TypeError):
         return None

@@ -162,8 +162,10 @@ def cmd_report(args) -> int:
     out = Path(args.out)
     check_outputs(args.metrics, [out.with_name(out.name + ".md"), out.with_name(out.name + ".png")])
     runs = {}
+    from eval.spatialtrust.scoring import METRICS_TYPES
+
     for name, path in zip(names, args.metrics):
-        metrics = read_json(path)
+        metrics = read_json(path, types=METRICS_TYPES)  # a list where a count goes: one line
         if not isinstance(metrics, dict):
             raise InputError(path, None, None, "expected a JSON object (a SpatialTrust metrics file)")
         missing = [k for k in ("q1", "q2", "q3", "q4", "q5", "overall") if not isinstance(metrics.get(k), (int, float))]

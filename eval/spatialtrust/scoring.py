@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from cli.errors import InputError
+from cli.errors import InputError, Number, Whole
 from eval.spatialtrust.data import (
     CHOICE_QIDS,
     FREE_QIDS,
@@ -162,6 +162,10 @@ def prediction_digest(pred) -> str:
 # a list where an id goes is one line naming the file, line and field, never a TypeError
 PREDICTION_TYPES = {"image_id": str}
 JUDGMENT_TYPES = {"image_id": str, "qid": str, "unsupported": bool, "states_absence": bool, "factors": list}
+# a metrics file (`score --out`), as `report` reads it
+METRICS_TYPES = {**dict.fromkeys(("q1", "q2", "q3", "q4", "q5", "overall"), Number), "n_images": Whole,
+                 "missing_predictions": Whole, **dict.fromkeys(("unparsable", "malformed_boxes", "unjudged"),
+                                                               {"*": Whole})}
 
 
 def validate_judgments(path, judgments: list[dict], data: list[dict], predictions: list[dict] | None = None) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from cli.errors import InputError
+from cli.errors import InputError, read_text
 from cli.paths import real
 from eval.view.records import GEO_GRANULARITY, dumps, safe_text
 from store import writer
@@ -102,11 +102,11 @@ SITE_FILES = {"index.html", "viewer.js", "viewer.css", "data", "img"}
 
 def _viewer_before_markers(out: Path) -> bool:
     """A viewer written before the marker existed: only our files, and our own script (its first line)."""
-    try:
-        script = (out / "viewer.js").read_text(encoding="utf-8")
+    try:  # through the reader: a FIFO planted as viewer.js is refused, never opened (it would block)
+        script = read_text(out / "viewer.js")
         names = {p.name for p in out.iterdir()}
         data = {p.name for p in (out / "data").iterdir()}
-    except OSError:
+    except (OSError, InputError):
         return False
     ours = (ASSETS / "viewer.js").read_text(encoding="utf-8").split("\n", 1)[0]
     return names <= SITE_FILES and script.split("\n", 1)[0] == ours and all(
