@@ -15,7 +15,7 @@ Writer: a viewer's folder, a run file's folder and a judge cache's, each with pl
 folder and file), loops, FIFOs, files where folders go and folders where files go, and planted temporaries.
 
 Seeded and bounded (`derandomize`, `max_examples`), so `make test` runs the same examples every time, in budget.
-For a release, run longer: PRIVACY_ALIGN_FUZZ_EXAMPLES=2000 make test (docs/reliability/files.md says how long).
+For a release, run longer: PRIVACY_ALIGN_FUZZ_EXAMPLES=2000 (docs/reliability/files.md).
 """
 
 from __future__ import annotations

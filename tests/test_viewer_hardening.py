@@ -448,7 +448,8 @@ def test_a_malformed_link_shows_every_sample(browser, synthetic_dir, tmp_path): 
 def test_a_lone_surrogate_and_a_killed_build(browser, synthetic_dir, tmp_path, capsys):  # noqa: F811
     a, _ = two_runs(synthetic_dir, tmp_path / "runs")
     run = tmp_path / "runs" / "a.jsonl"
-    lines = run.read_text().splitlines()
+    original = run.read_text()
+    lines = original.splitlines()
     lines[0] = lines[0].replace('"A answers 0"', '"A answers \\ud800 and \\udfff"')
     run.write_text("\n".join(lines) + "\n")
     # a lone surrogate (no UTF-8 form) is refused by the one reader as the file is read (issue 46), one line
@@ -456,6 +457,7 @@ def test_a_lone_surrogate_and_a_killed_build(browser, synthetic_dir, tmp_path, c
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "a.jsonl:1: response: holds a lone surrogate" in err, err
     assert not (tmp_path / "view").exists()
+    run.write_text(original)
     # an image that does not decode is refused before the folder is touched (issue 39 item 9); a build killed
     # half-way (its marker written first) is rebuilt by the same command
     bad = tmp_path / "images"
