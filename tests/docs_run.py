@@ -34,8 +34,9 @@ LANGUAGES = {"bash", "sh", "shell", "console", "python", "py"}
 SKIPPED = ("needs-gpu", "needs-network", "needs-key", "needs-cluster", "needs-hours")
 KINDS = (*SKIPPED, "small", "tested-by", "pending")
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)[^\n]*\n(?P<code>.*?)^(?P=indent)```[ \t]*$", re.S | re.M)
-MARKER = re.compile(r"<!--\s*docs-run:\s*(?P<kind>[\w-]+)\s*(?::(?P<text>(?:(?!-->).)*))?-->", re.S)
-MARKER_BEFORE = re.compile(MARKER.pattern + r"\s*\Z", re.S)  # the marker of the block that follows it
+# a marker starts its line (one quoted inside a sentence or a table is text about markers)
+MARKER = re.compile(r"^[ \t]*<!--\s*docs-run:\s*(?P<kind>[\w-]+)\s*(?::(?P<text>(?:(?!-->).)*))?-->", re.S | re.M)
+MARKER_BEFORE = re.compile(MARKER.pattern + r"\s*\Z", re.S | re.M)  # the marker of the block that follows it
 # what a command line of a block may hold for the harness to run it word by word (anything else runs in bash)
 SHELL_SYNTAX = re.compile(r"[$|;&<>*`(){}]")
 # the checkout's entries a block's folder does not link: what `make demo` and the blocks write, and caches

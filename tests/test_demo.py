@@ -65,3 +65,73 @@ def test_demo_refuses_to_mix_settings(tmp_path):
     (out / "demo_config.json").write_text(json.dumps({"sft_steps": 1}))
     result = forked_python.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT)
     assert result.returncode != 0 and "other settings" in result.stderr
+
+
+def test_the_demo_recipes_read_what_make_demo_wrote(demo_outputs):
+    """recipes/demo/*.yaml name the folders `make demo` writes (outputs/demo/...), relative to the clone's root."""
+    import yaml
+
+    clone = demo_outputs.parents[1]
+    for recipe in sorted((ROOT / "recipes" / "demo").glob("*.yaml")):
+        config = yaml.safe_load(recipe.read_text())
+        for key in ("model_name_or_path", "train_data_path", "image_folder", "output_dir"):
+            assert config[key].startswith("outputs/demo/"), (recipe.name, key)
+        for key in ("model_name_or_path", "train_data_path", "image_folder"):
+            assert (clone / config[key]).exists(), (recipe.name, key, config[key])
+    # each stage the demo trains says what data it was trained on (train/resume.py)
+    for stage in ("sft", "nca_p"):
+        record = json.loads((demo_outputs / stage / "training_data.json").read_text())
+        assert record["train_data_path (sha256)"] == sha256_of(demo_outputs / "synthetic-spy-tune" / "train_data.json")
+
+
+def sha256_of(path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def test_grpo_from_the_demo_sft_refuses_other_data_in_one_line(demo_outputs, tmp_path):
+    """The issue's case: an older outputs/synthetic-spy-tune (other items) beside the demo's; GRPO from the demo's
+    SFT model on it stops before the model loads, with one line naming the data file, and exit status 2."""
+    import docs_run
+
+    from data_prep.synthetic import build
+
+    clone = docs_run.folder(tmp_path / "clone", demo_outputs)
+    build(clone / "outputs" / "synthetic-spy-tune", train_per_label=1, test_per_label=1)
+    result = forked_python.run([sys.executable, "train/grpo.py", "recipes/demo/grpo.yaml",
+                                "--train_data_path", "outputs/synthetic-spy-tune/train_data.json",
+                                "--image_folder", "outputs/synthetic-spy-tune"], cwd=clone, env=docs_run.environment())
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        "error: command line: train_data_path: outputs/synthetic-spy-tune/train_data.json is not the data "
+        "outputs/demo/sft was trained on (another sha256 than its training_data.json); give that model's data, or "
+        "--base_with_other_data true to train it on other data"], result.stderr[-3000:]
+    assert not (clone / "outputs" / "demo" / "grpo").exists()  # nothing written
+
+
+def test_a_base_model_is_checked_against_its_own_data_only_when_it_says_what_it_was(tmp_path):
+    from types import SimpleNamespace
+
+    from cli.errors import InputError
+    from train.common import option_error
+    from train.resume import DATA_RECORD, check_base_data
+
+    data, other, model = tmp_path / "data.json", tmp_path / "other.json", tmp_path / "model"
+    data.write_text('{"data_list": []}')
+    other.write_text('{"data_list": [] }')
+    model.mkdir()
+
+    def check(train_data, consent=False):
+        def fail(name, message):
+            raise option_error(name, message)
+        check_base_data(SimpleNamespace(train_data_path=str(train_data), base_with_other_data=consent),
+                        SimpleNamespace(model_name_or_path=str(model)), fail)
+
+    check(other)  # no record (a Hub model, an untrained one): not checked
+    (model / DATA_RECORD).write_text(json.dumps({"train_data_path (sha256)": sha256_of(data)}))
+    check(data)  # its own data
+    check(other, consent=True)  # other data, meant
+    with pytest.raises(InputError, match="train_data_path: .*other.json is not the data .*model was trained on"):
+        check(other)
+    check(tmp_path / "missing.json")  # a missing file: the data checks say so, with their own line
