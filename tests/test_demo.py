@@ -101,7 +101,8 @@ def test_grpo_from_the_demo_sft_refuses_other_data_in_one_line(demo_outputs, tmp
     build(clone / "outputs" / "synthetic-spy-tune", train_per_label=1, test_per_label=1)
     result = forked_python.run([sys.executable, "train/grpo.py", "recipes/demo/grpo.yaml",
                                 "--train_data_path", "outputs/synthetic-spy-tune/train_data.json",
-                                "--image_folder", "outputs/synthetic-spy-tune"], cwd=clone, env=docs_run.environment())
+                                "--image_folder", "outputs/synthetic-spy-tune", "--max_steps", "1"],  # 1: if it trains
+                               cwd=clone, env=docs_run.environment())
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines() == [
         "error: command line: train_data_path: outputs/synthetic-spy-tune/train_data.json is not the data "
