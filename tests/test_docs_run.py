@@ -75,10 +75,8 @@ def test_a_block_without_marker_runs_and_a_stray_marker_is_refused(tmp_path, mon
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.runs], ids=lambda b: b.id)
-def test_block_runs(block, request, tmp_path):
-    # after `make demo` where the block reads its outputs (the session's demo: built once, on first use)
-    demo = request.getfixturevalue("demo_outputs") if "outputs/demo" in block.code else None
-    clone = docs_run.folder(tmp_path / "clone", demo)
+def test_block_runs(block, demo_outputs, tmp_path):
+    clone = docs_run.folder(tmp_path / "clone", demo_outputs)
     result = docs_run.run(block, clone)
     wrong = docs_run.problems(result)
     said = f"{block.id} ({block.kind or 'as written'}): exit {result.returncode}, {wrong[:3]}\n{result.args}\n" \
