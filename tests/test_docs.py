@@ -97,10 +97,11 @@ def test_cli_reference_is_what_help_prints(hook, generated):
 
     # every benchmark of `python -m eval`, every data_prep / train module with a command line, the launcher
     assert {f"python -m eval {name}" for name in COMMANDS} <= set(typed)
-    for package in ("data_prep", "train"):
+    for package in ("data_prep", "train", "study"):
         for path in (ROOT / package).glob("*.py"):
             if re.search(r'^if __name__ == "__main__":', path.read_text(), re.MULTILINE):  # not one in a docstring
-                assert f"python -m {package}.{path.stem}" in typed or f"{package}/{path.name}" in typed, path
+                module = package if path.stem == "__main__" else f"{package}.{path.stem}"
+                assert f"python -m {module}" in typed or f"{package}/{path.name}" in typed, path
     assert {"train/sft.py", "train/dpo.py", "train/nca_p.py", "launch/slurm.py", "python -m eval spy generate",
             "python -m data_prep.spy_tune validate", "python -m data_prep.generate"} <= set(generated)
 
