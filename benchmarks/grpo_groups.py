@@ -96,6 +96,9 @@ def run(args) -> None:
 
 def table(args) -> None:
     rows = [json.loads(p.read_text()) for p in sorted(Path(args.out).glob("*/summary.json"))]
+    if not rows:  # a mistyped --out is not an empty table
+        print(f"error: {args.out}: no run's summary.json in it (write them with `run NAME`)", file=sys.stderr)
+        sys.exit(2)
     columns = ["frac_reward_zero_std", "dynamic_sampling/dropped_share", "dynamic_sampling/extra_rounds",
                "groups/zero_spread/reject", "groups/reject_with_refusal", "groups/zero_spread/respond",
                "groups/zero_spread/general", "groups/spread_only/helpfulness", "kl last"]

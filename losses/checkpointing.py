@@ -57,7 +57,8 @@ def is_complete_checkpoint(folder) -> bool:
     """The Trainer writes trainer_state.json last (after weights, optimizer, scheduler and RNG states): a checkpoint
     whose state file is missing or torn was cut short by a kill, and resuming from it would crash or mislead."""
     try:
-        return isinstance(read_json(Path(folder) / "trainer_state.json"), dict)
+        # transformers writes NaN where a gradient norm was not finite: a complete state all the same
+        return isinstance(read_json(Path(folder) / "trainer_state.json", finite=False), dict)
     except InputError:
         return False
 

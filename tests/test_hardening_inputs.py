@@ -568,7 +568,7 @@ def test_a_json_config_with_a_key_given_twice_is_refused(tmp_path):
 
     path = tmp_path / "label2text.json"
     path.write_text('{"a1": "x", "a1": "y"}')
-    with pytest.raises(InputError, match=r"label2text\.json: a1: appears twice in one object"):
+    with pytest.raises(InputError, match=r"label2text\.json:1: a1: appears twice in one object"):
         read_json(path)
 
 

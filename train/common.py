@@ -14,6 +14,7 @@ from pathlib import Path
 from cli import numbers
 from cli.entry import run_command
 from cli.errors import InputError, unwritable
+from cli.paths import real
 from cli.strict_yaml import did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,9 @@ class SpyTuneArguments:
                                                                           "are added (data_prep/synthetic.py)."})
     resume_with_new_settings: bool = field(default=False, metadata={
         "help": "Resume from a checkpoint trained with other settings or data (refused without it; train/resume.py)."})
+    base_with_other_data: bool = field(default=False, metadata={
+        "help": "Train a model folder this project trained (its training_data.json) on other data than its own "
+                "(refused without it; train/resume.py)."})
 
 
 def run(main) -> None:
@@ -292,27 +296,30 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
         fail("model_name_or_path", f"{model} is not a model folder (no config.json)")
     if not model.exists() and (model.is_absolute() or name.startswith(".") or name.count("/") > 1):  # not a Hub id
         fail("model_name_or_path", f"model folder not found: {model}")
-    out = Path(training_args.output_dir).resolve()
+    out = real(training_args.output_dir)  # a symbolic link loop: one line
     inputs = {"train_data_path": script_args.train_data_path, "eval_data_path": script_args.eval_data_path,
               "label_path": script_args.label_path, "categories": script_args.categories,
               "image_folder": script_args.image_folder,
               "model_name_or_path": model_args.model_name_or_path}
     for name, value in inputs.items():
-        if value and Path(value).resolve() == out:
+        if value and real(value) == out:
             fail("output_dir", f"is the {name} ({value}); an output never overwrites an input")
     problem = unwritable(out, is_folder=True)
     if problem:
         fail("output_dir", f"{out} {problem}")
     from store import locks
-    from train.resume import check_resume
+    from train.resume import check_base_data, check_resume
 
+    check_base_data(script_args, model_args, fail)
     check_resume(script_args, training_args, model_args, resume_checkpoint(training_args), fail)
     if not any(out.glob("checkpoint-*")):  # a run's checkpoints make it that run's folder (resumed, or copied)
         from store.runs import claim_folder
 
         # transformers writes README.md, config.json... there: a folder of the user's files is refused
         claim_folder(out, training_command(), option="--output_dir", mark=False)
-    locks.acquire(out, "training output folder")  # held until the process ends: one training run per folder
+    # held until the process ends: one training run per folder. A folder whose parent is still missing is locked
+    # once everything is checked (load_model_and_processor): nothing is created before then
+    locks.acquire(out, "training output folder", create=False)
 
 
 def training_command() -> str:
@@ -331,6 +338,11 @@ def load_model_and_processor(model_args, script_args: SpyTuneArguments, training
     if model_args.use_peft:
         check_lora_targets(model, model_args.lora_target_modules, "lora_target_modules")
         check_lora_targets(model, model_args.lora_modules_to_save, "lora_modules_to_save")
+    from store import locks
+
+    # recipe, data and model checked (every script loads the model last, right before its trainer makes output_dir):
+    # the output folder may be created now, and is locked (a second hold of check_run's lock is free)
+    locks.acquire(real(training_args.output_dir), "training output folder")
     return model, processor
 
 

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from trl import ModelConfig, get_peft_config  # noqa: E402
 
 from cli.errors import InputError  # noqa: E402
+from cli.paths import real  # noqa: E402
 from cli.secrets import endpoint_problem, variable_problem  # noqa: E402
 from cli.strict_yaml import did_you_mean  # noqa: E402
 from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer, dynamic_sampling_problem  # noqa: E402
@@ -93,7 +94,7 @@ def judge_cache_path(script_args, args: VisionGRPOConfig) -> Path:
     if args.judge_cache:
         if cache.suffix != ".jsonl":
             raise option_error("judge_cache", f"expected a .jsonl file (JSON Lines), got {args.judge_cache!r}")
-        if cache.resolve().parent not in (out.resolve(), out.resolve().parent):
+        if real(cache).parent not in (real(out), real(out).parent):  # a loop: one line
             raise option_error("judge_cache", f"{args.judge_cache} is neither in output_dir ({out}) nor beside it; "
                                               "a judge cache lives with its run")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
