@@ -50,7 +50,7 @@ def grpo_command(tmp_path, data, model, *extra, refusals: bool = True):
                       "secrets.endpoint_problem = lambda url: None; sys.argv = sys.argv[1:]; "
                       "runpy.run_path(sys.argv[0], run_name='__main__')")
         command = [sys.executable, "-c", switch_off, script, *args]
-    env = {**os.environ, "OPENAI_API_KEY": K, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OPENAI_API_KEY": K}  # W&B offline, this checkout on the path: tests/conftest.py
     return forked_python.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
