@@ -3,7 +3,7 @@ study runs it: constant learning rate after warm-up, the general task's data, on
 numerics), its logged group statistics summarised, and its checkpoints evaluated on the held-out bench with
 eval/suites/study.yaml (without distractors) as the study evaluates them.
 
-    python -m train.study --protocol tuned ... --out outputs/study-tuned       # builds and caches the backbone
+    python -m study --protocol tuned ... --out outputs/study-tuned       # builds and caches the backbone
     python benchmarks/grpo_groups.py run NAME --study outputs/study-tuned [--steps 90] [--seed 0] \
         [--eval-steps 30 90] [--splits val test] [--train-args --dynamic_sampling false --temperature 1.2 ...]
     python benchmarks/grpo_groups.py table             # every run's row, markdown
@@ -25,7 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the study runs (train/study.py)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the study runs (study/__main__.py)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -67,15 +67,15 @@ def evaluate(model: Path, study: Path, out: Path, split: str) -> dict:
 
 
 def run(args) -> None:
+    from study.pins import pin_numerics
     from train.demo import Clock, train
-    from train.study_tuned import pin_numerics
 
     pin_numerics()
     study, folder = Path(args.study), Path(args.out) / args.name
     data, backbone = study / "synthetic-spy-tune", study / "backbone"
     for needed in (data / "train_data.json", backbone / "config.json"):
         if not needed.exists():
-            sys.exit(f"error: {needed}: missing; build the study's backbone first (python -m train.study --protocol "
+            sys.exit(f"error: {needed}: missing; build the study's backbone first (python -m study --protocol "
                      f"tuned --out {study})")
     log = Clock()
     save = min(args.eval_steps)
@@ -96,6 +96,9 @@ def run(args) -> None:
 
 def table(args) -> None:
     rows = [json.loads(p.read_text()) for p in sorted(Path(args.out).glob("*/summary.json"))]
+    if not rows:  # a mistyped --out is not an empty table
+        print(f"error: {args.out}: no run's summary.json in it (write them with `run NAME`)", file=sys.stderr)
+        sys.exit(2)
     columns = ["frac_reward_zero_std", "dynamic_sampling/dropped_share", "dynamic_sampling/extra_rounds",
                "groups/zero_spread/reject", "groups/reject_with_refusal", "groups/zero_spread/respond",
                "groups/zero_spread/general", "groups/spread_only/helpfulness", "kl last"]

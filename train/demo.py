@@ -108,7 +108,9 @@ def start(script: str, model: Path, data: Path, out: Path, steps: int | None, lo
     (out.parent / "logs").mkdir(parents=True, exist_ok=True)
     log_path = out.parent / "logs" / f"{out.name}.log"
     with open(log_path, "w") as log_file:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+        # in the demo's own folder: a relative --out names the same folder for the stage (its script, recipe and
+        # launch config are named by absolute paths)
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
     return {"process": process, "log_path": log_path, "name": out.name, "steps": steps}
 
 
@@ -168,7 +170,9 @@ def suite_command(model: Path, suite_out: Path, out: Path, args) -> list[str]:
     outputs/demo: --root when --out is elsewhere), and a --set for each evaluation option given to the demo."""
     import os
 
-    argv = ["--config", os.path.relpath(SUITE), "--model", str(model), "--out", str(suite_out)]
+    shown = Path("eval/suites/demo.yaml")  # as a user types it in the checkout (the demo may run from a link to it)
+    config = str(shown) if shown.is_file() and os.path.samefile(shown, SUITE) else str(SUITE)
+    argv = ["--config", config, "--model", str(model), "--out", str(suite_out)]
     if Path(out) != Path(strict_yaml.load(SUITE)["root"]):
         argv += ["--root", str(out)]
     for key, value in (("backend_options.batch_size", args.eval_batch_size),
