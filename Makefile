@@ -24,14 +24,15 @@ demo: $(STAMP)
 # The miniature alignment study (README): SFT, DPO, NCA, NCA-P from one helpful backbone, 3 seeds, about 20 min on CPU.
 study: OUT = outputs/study
 study: $(STAMP)
-	$(OFFLINE) $(PY) -m train.study --out $(OUT)
+	$(OFFLINE) $(PY) -m study --out $(OUT)
 
-# The tuned protocol (docs/study.md): the five methods, each swept per budget on a validation split, 10 seeds at the
-# kept settings, 1x and 3x budgets matched in compute, learning curves, intervals, paired tests, the frontier and the
-# verdict; two runs at a time (docs/study.md: time and sizing). Then `python -m train.study_tuned publish $(OUT)`.
+# The tuned protocol (docs/study.md): the six methods (guided GRPO: issue 45), each swept per budget on a validation
+# split (two sweep seeds, then a 2-D refinement), 10 seeds at the kept settings, 1x and 3x budgets matched in compute,
+# per-seed success, intervals, paired tests, the frontier, the verdict and a recommendation; two runs at a time
+# (docs/study.md: time and sizing). Then `python -m study.tuned publish $(OUT)`.
 study-tuned: OUT = outputs/study-tuned
 study-tuned: $(STAMP)
-	$(OFFLINE) $(PY) -m train.study --protocol tuned --jobs 2 --methods sft dpo nca nca_p grpo --out $(OUT)
+	$(OFFLINE) $(PY) -m study --protocol tuned --jobs 2 --methods sft dpo nca nca_p grpo grpo_guided --out $(OUT)
 
 # The suite on a worker per core (pytest-xdist; modules with expensive shared fixtures stay on one worker, see
 # tests/conftest.py); its budget is in docs/development.md.

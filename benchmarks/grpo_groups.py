@@ -25,7 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the study runs (train/study.py)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the study runs (study/__main__.py)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -85,13 +85,13 @@ def evaluate(model: Path, study: Path, out: Path, split: str) -> dict:
 
 
 def build(args) -> None:
-    """The tuned study's data, tiny model and helpful backbone, built exactly as `python -m train.study --protocol
-    tuned --out STUDY` builds them (its own defaults, its pinned numerics; each step skipped when done), without the
+    """The tuned study's data, tiny model and helpful backbone, built exactly as `python -m study --protocol tuned
+    --out STUDY` builds them (its own defaults, its pinned numerics; each step skipped when done), without the
     study's evaluations and runs; READY marks a finished folder (that study reuses all of it)."""
     from data_prep import synthetic
+    from study.__main__ import parse
+    from study.pins import pin_numerics
     from train.demo import Clock, build_once, train
-    from train.study import parse
-    from train.study_tuned import pin_numerics
     from train.tiny_model import DEMO_CONFIG, build_tiny_model
 
     pin_numerics()
@@ -110,16 +110,16 @@ def build(args) -> None:
 
 
 def run(args) -> None:
+    from study.pins import pin_numerics
     from train.demo import Clock, train
-    from train.study_tuned import pin_numerics
 
     pin_numerics()
     study, folder = Path(args.study), Path(args.out) / args.name
     data, backbone = study / "synthetic-spy-tune", study / "backbone"
     for needed in (data / "train_data.json", backbone / "config.json"):
         if not needed.exists():
-            sys.exit(f"error: {needed}: missing; build the study's backbone first (python benchmarks/grpo_groups.py build "
-                     f"--study {study})")
+            sys.exit(f"error: {needed}: missing; build the study's backbone first (python benchmarks/grpo_groups.py "
+                     f"build --study {study})")
     log = Clock()
     save = min(args.eval_steps)
     extra = ["--seed", str(args.seed), "--lr_scheduler_type", "constant_with_warmup", "--save_steps", str(save),
@@ -148,6 +148,9 @@ def run(args) -> None:
 
 def table(args) -> None:
     rows = [json.loads(p.read_text()) for p in sorted(Path(args.out).glob("*/summary.json"))]
+    if not rows:  # a mistyped --out is not an empty table
+        print(f"error: {args.out}: no run's summary.json in it (write them with `run NAME`)", file=sys.stderr)
+        sys.exit(2)
     rows = [r for r in rows if not args.runs or r["name"] in args.runs]
     columns = args.columns or COLUMNS
     evals = sorted({k for r in rows for k in r if k.split()[0] in ("val", "test")},

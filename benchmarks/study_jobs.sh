@@ -2,7 +2,7 @@
 # Is running two study trainings at once (one thread each) faster than one after the other on this machine?
 # Trains the study's DPO recipe for STEPS steps from a study's backbone once alone, then twice at once, and prints
 # the wall times side by side (the ratio > 1 means two at once gain throughput).
-#   benchmarks/study_jobs.sh outputs/study [STEPS]      (a folder where `python -m train.study` built the backbone)
+#   benchmarks/study_jobs.sh outputs/study [STEPS]      (a folder where `python -m study` built the backbone)
 set -e
 STUDY=${1:?usage: benchmarks/study_jobs.sh STUDY_OUT [STEPS]}; STEPS=${2:-30}
 cd "$(dirname "$0")/.."

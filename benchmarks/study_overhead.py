@@ -1,5 +1,5 @@
 """What a run of the tuned study costs besides its training steps, on this machine: the numbers behind
-train/study_tuned.py's OVERHEAD_SECONDS and `python -m train.study_tuned estimate` (docs/study.md, "Sizing").
+study/estimate.py's OVERHEAD_SECONDS and `python -m study.tuned estimate` (docs/study.md, "Sizing").
 
     python benchmarks/study_overhead.py OUT [--jobs 2] [--json benchmarks/results/study_overhead.json]
 
@@ -26,7 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 def measured_run(ctx: dict, seed: int) -> dict:
     """One final-like DPO run, timed part by part (runs in a spawned worker as the study's runs do)."""
-    from train.study_tuned import _clock, evaluate, train_run
+    from study.runs import _clock, evaluate, train_run
 
     out = Path(ctx["out"])
     folder = out / "runs" / f"dpo-seed{seed}"
@@ -51,18 +51,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args(argv)
-    from train.study_tuned import pin_numerics
+    from study.pins import pin_numerics
 
     pin_numerics()
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     from data_prep import synthetic
+    from study.__main__ import parse
+    from study.protocol import PLAN_SAMPLE, TUNED_STEPS
+    from study.quick import evaluate as evaluate_backbone
+    from study.runs import evaluate
     from train.compute import study_plan
     from train.demo import ROOT, Clock, build_once, train
-    from train.study import evaluate as evaluate_backbone
-    from train.study import parse
-    from train.study_tuned import PLAN_SAMPLE, TUNED_STEPS, evaluate
     from train.tiny_model import DEMO_CONFIG, build_tiny_model
 
     out = Path(args.out)

@@ -1,4 +1,4 @@
-"""Logging of the library modules (eval, train, losses, data_prep, cli, store, vlm), on transformers' conventions.
+"""Logging of the library modules (eval, train, study, losses, data_prep, cli, store, vlm), on transformers' conventions.
 
 Each module logs to `logging.getLogger(__name__)`. `setup()` gives these packages one stderr handler, at the
 level `PRIVACY_ALIGN_VERBOSITY` names (debug | info | warning | error, like `TRANSFORMERS_VERBOSITY`; default
@@ -14,7 +14,7 @@ import os
 import sys
 import warnings
 
-PACKAGES = ("eval", "train", "losses", "data_prep", "cli", "store", "vlm")
+PACKAGES = ("eval", "train", "study", "losses", "data_prep", "cli", "store", "vlm")
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
           "critical": logging.CRITICAL}
 

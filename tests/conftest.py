@@ -23,12 +23,15 @@ import pytest  # noqa: E402
 # built docs site): under `--dist loadgroup` all their tests run on one worker, so each fixture is built once.
 ONE_WORKER = {"test_vllm", "test_grpo", "test_hardening_runtime", "test_viewer", "test_viewer_hardening",
               "test_docs_site", "test_docs"}
+# Modules that share a session fixture: one worker for all of them (`demo_outputs`: one `make demo` per session).
+SHARED = {"test_demo": "demo", "test_docs_run": "demo"}
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if item.module.__name__ in ONE_WORKER:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        name = item.module.__name__
+        if name in ONE_WORKER or name in SHARED:
+            item.add_marker(pytest.mark.xdist_group(SHARED.get(name, name)))
 
 
 @pytest.fixture(scope="session")
@@ -60,3 +63,15 @@ def synthetic_dir(tmp_path_factory):
     from data_prep.synthetic import build
 
     return build(tmp_path_factory.mktemp("synthetic-spy"), train_per_label=1, test_per_label=1)
+
+
+@pytest.fixture(scope="session")
+def demo_outputs(tmp_path_factory):
+    """`make demo`, as written, once per session in a folder that looks like a fresh clone (tests/docs_run.py):
+    its outputs/demo, for tests/test_demo.py and the docs' blocks (tests/test_docs_run.py), which copy it."""
+    import docs_run
+
+    clone = docs_run.folder(tmp_path_factory.mktemp("demo") / "clone", None)
+    result = docs_run.make(clone, "demo")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return clone / "outputs" / "demo"

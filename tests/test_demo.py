@@ -1,5 +1,6 @@
-"""The demo pipeline, shortened (few steps, few samples): every stage leaves its outputs, the report has every
-key, and a second run reuses what is built and reports the same numbers."""
+"""The demo pipeline, `make demo` as written (tests/conftest.py's `demo_outputs`, once per session; the docs' blocks
+run on the same outputs, tests/test_docs_run.py): every stage leaves its outputs, the report has every key, and a
+second run reuses what is built and reports the same numbers."""
 
 import json
 import sys
@@ -15,18 +16,11 @@ SHORT = ["--sft-steps", "3", "--nca-p-steps", "2", "--train-per-label", "1", "--
          "--train-args", "--logging_steps", "1"]
 
 
-def run_demo(out):
-    result = forked_python.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return result.stdout
-
-
-def test_demo_pipeline_end_to_end(tmp_path):
+def test_demo_pipeline_end_to_end(demo_outputs):
     from eval.spy.metrics import spy_metrics
     from store.runs import read_jsonl
 
-    out = tmp_path / "demo"
-    stdout = run_demo(out)
+    out = demo_outputs
     for stage in ("sft", "nca_p"):
         assert (out / stage / "model.safetensors").exists() and (out / stage / "README.md").exists()
         assert (out / stage / "train_metrics.json").exists()
@@ -35,14 +29,14 @@ def test_demo_pipeline_end_to_end(tmp_path):
     assert (out / "tiny-qwen2vl" / "config.json").exists()
     assert (out / "synthetic-spy-tune" / "questions.json").exists()
     assert (out / "report.png").stat().st_size > 10_000
-    assert "SFT + NCA-P" in (out / "report.md").read_text() and "ICS" in stdout
+    assert "SFT + NCA-P" in (out / "report.md").read_text() and "| ICS |" in (out / "report.md").read_text()
 
     report = json.loads((out / "report.json").read_text())
     metric_keys = set(spy_metrics([]))
     assert set(report) == {"base", "sft", "nca_p", "wall_seconds", "with_distractors"}
     for stage in ("base", "sft", "nca_p"):
         assert metric_keys <= set(report[stage]) and metric_keys <= set(report["with_distractors"][stage])
-        assert report[stage]["total"] == 40
+        assert report[stage]["total"] == 327  # 67 categories x 5 cases, less the scenarios some categories lack
     # each stage went through the evaluation suite (eval/suites/demo.yaml), and the leaderboard compares them
     suite = json.loads((out / "suite" / "nca_p" / "results.json").read_text())
     assert {r["benchmark"] for r in suite["headline"]} == {"SPY-Bench", "SpatialTrust"}
@@ -50,11 +44,15 @@ def test_demo_pipeline_end_to_end(tmp_path):
     assert report["nca_p"]["spatialtrust_overall"] == next(r["value"] for r in suite["headline"]
                                                            if r["metric"] == "overall")
     judged = read_jsonl(out / "suite" / "nca_p" / "spy" / "with_distractors" / "judged.jsonl")  # no header line
-    assert len(judged) == 40 and all(r["eval_resp"] in ("respond", "reject") for r in judged)
+    assert len(judged) == 327 and all(r["eval_resp"] in ("respond", "reject") for r in judged)
     assert all(len(r["input_question"].split("\n\n")[0].split("\n")) == 6 for r in judged)
 
-    # a second run reuses everything and reports the same numbers
-    stdout = run_demo(out)
+    # a second `make demo` reuses everything and reports the same numbers
+    import docs_run
+
+    result = docs_run.make(out.parents[1], "demo")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    stdout = result.stdout
     assert "sft: reusing" in stdout and "nca_p: reusing" in stdout
     again = json.loads((out / "report.json").read_text())
     for stage in ("base", "sft", "nca_p"):
@@ -67,3 +65,74 @@ def test_demo_refuses_to_mix_settings(tmp_path):
     (out / "demo_config.json").write_text(json.dumps({"sft_steps": 1}))
     result = forked_python.run([sys.executable, "-m", "train.demo", "--out", str(out), *SHORT], cwd=ROOT)
     assert result.returncode != 0 and "other settings" in result.stderr
+
+
+def test_the_demo_recipes_read_what_make_demo_wrote(demo_outputs):
+    """recipes/demo/*.yaml name the folders `make demo` writes (outputs/demo/...), relative to the clone's root."""
+    import yaml
+
+    clone = demo_outputs.parents[1]
+    for recipe in sorted((ROOT / "recipes" / "demo").glob("*.yaml")):
+        config = yaml.safe_load(recipe.read_text())
+        for key in ("model_name_or_path", "train_data_path", "image_folder", "output_dir"):
+            assert config[key].startswith("outputs/demo/"), (recipe.name, key)
+        for key in ("model_name_or_path", "train_data_path", "image_folder"):
+            assert (clone / config[key]).exists(), (recipe.name, key, config[key])
+    # each stage the demo trains says what data it was trained on (train/resume.py)
+    for stage in ("sft", "nca_p"):
+        record = json.loads((demo_outputs / stage / "training_data.json").read_text())
+        assert record["train_data_path (sha256)"] == sha256_of(demo_outputs / "synthetic-spy-tune" / "train_data.json")
+
+
+def sha256_of(path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def test_grpo_from_the_demo_sft_refuses_other_data_in_one_line(demo_outputs, tmp_path):
+    """The issue's case: an older outputs/synthetic-spy-tune (other items) beside the demo's; GRPO from the demo's
+    SFT model on it stops before the model loads, with one line naming the data file, and exit status 2."""
+    import docs_run
+
+    from data_prep.synthetic import build
+
+    clone = docs_run.folder(tmp_path / "clone", demo_outputs)
+    build(clone / "outputs" / "synthetic-spy-tune", train_per_label=1, test_per_label=1)
+    result = forked_python.run([sys.executable, "train/grpo.py", "recipes/demo/grpo.yaml",
+                                "--train_data_path", "outputs/synthetic-spy-tune/train_data.json",
+                                "--image_folder", "outputs/synthetic-spy-tune", "--max_steps", "1"],  # 1: if it trains
+                               cwd=clone, env=docs_run.environment())
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        "error: command line: train_data_path: outputs/synthetic-spy-tune/train_data.json is not the data "
+        "outputs/demo/sft was trained on (another sha256 than its training_data.json); give that model's data, or "
+        "--base_with_other_data true to train it on other data"], result.stderr[-3000:]
+    assert not (clone / "outputs" / "demo" / "grpo").exists()  # nothing written
+
+
+def test_a_base_model_is_checked_against_its_own_data_only_when_it_says_what_it_was(tmp_path):
+    from types import SimpleNamespace
+
+    from cli.errors import InputError
+    from train.common import option_error
+    from train.resume import DATA_RECORD, check_base_data
+
+    data, other, model = tmp_path / "data.json", tmp_path / "other.json", tmp_path / "model"
+    data.write_text('{"data_list": []}')
+    other.write_text('{"data_list": [] }')
+    model.mkdir()
+
+    def check(train_data, consent=False):
+        def fail(name, message):
+            raise option_error(name, message)
+        check_base_data(SimpleNamespace(train_data_path=str(train_data), base_with_other_data=consent),
+                        SimpleNamespace(model_name_or_path=str(model)), fail)
+
+    check(other)  # no record (a Hub model, an untrained one): not checked
+    (model / DATA_RECORD).write_text(json.dumps({"train_data_path (sha256)": sha256_of(data)}))
+    check(data)  # its own data
+    check(other, consent=True)  # other data, meant
+    with pytest.raises(InputError, match="train_data_path: .*other.json is not the data .*model was trained on"):
+        check(other)
+    check(tmp_path / "missing.json")  # a missing file: the data checks say so, with their own line

@@ -18,7 +18,7 @@ CORE = [Requirement(r) for r in PROJECT["dependencies"]]
 EXTRAS = {extra: [Requirement(r) for r in reqs] for extra, reqs in PROJECT["optional-dependencies"].items()}
 LOCKED = {canonicalize_name(name): version for name, version in
           re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M)}
-SOURCES = "\n".join(p.read_text() for d in ("train", "losses", "data_prep", "eval", "cli", "store", "vlm") for p in (ROOT / d).rglob("*.py"))
+SOURCES = "\n".join(p.read_text() for d in ("train", "study", "losses", "data_prep", "eval", "cli", "store", "vlm") for p in (ROOT / d).rglob("*.py"))
 IMPORT_NAMES = {"pillow": "PIL", "pyyaml": "yaml"}
 # used without an import of its own: the reason must still be in the code
 INDIRECT = {"peft": "get_peft_config"}
@@ -99,6 +99,7 @@ MAY_IMPORT = {
     "losses": {"cli", "vlm", "data_prep"},
     "eval": {"cli", "store", "vlm", "data_prep"},
     "train": {"cli", "store", "vlm", "data_prep", "losses", "eval"},
+    "study": {"cli", "store", "vlm", "data_prep", "losses", "eval", "train"},
     "launch": set(),
 }
 

@@ -97,10 +97,11 @@ def test_cli_reference_is_what_help_prints(hook, generated):
 
     # every benchmark of `python -m eval`, every data_prep / train module with a command line, the launcher
     assert {f"python -m eval {name}" for name in COMMANDS} <= set(typed)
-    for package in ("data_prep", "train"):
+    for package in ("data_prep", "train", "study"):
         for path in (ROOT / package).glob("*.py"):
             if re.search(r'^if __name__ == "__main__":', path.read_text(), re.MULTILINE):  # not one in a docstring
-                assert f"python -m {package}.{path.stem}" in typed or f"{package}/{path.name}" in typed, path
+                module = package if path.stem == "__main__" else f"{package}.{path.stem}"
+                assert f"python -m {module}" in typed or f"{package}/{path.name}" in typed, path
     assert {"train/sft.py", "train/dpo.py", "train/nca_p.py", "launch/slurm.py", "python -m eval spy generate",
             "python -m data_prep.spy_tune validate", "python -m data_prep.generate"} <= set(generated)
 
@@ -185,22 +186,23 @@ def test_every_command_shown_parses_with_its_real_parser(hook, page):
     assert seen >= 1
 
 
-def test_getting_started_runs_what_the_demo_test_runs(monkeypatch, tiny_model_dir, synthetic_dir):
+def test_getting_started_runs_what_the_demo_test_runs(monkeypatch, tmp_path):
     commands = page_commands("getting-started.md")
     assert ["make", "demo"] in commands
-    # `make demo` is `python -m train.demo --out outputs/demo`, which tests/test_demo.py runs with fewer steps
+    # `make demo` is `python -m train.demo --out outputs/demo`, which tests/conftest.py's demo_outputs runs as
+    # `make demo` (tests/test_demo.py and the docs' blocks use its outputs)
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^OUT \?= outputs/demo$", makefile, re.M)
     assert re.search(r"^demo: \$\(STAMP\)\n\t\$\(OFFLINE\) \$\(PY\) -m train\.demo --out \$\(OUT\)$", makefile, re.M)
-    spec = importlib.util.spec_from_file_location("test_demo", ROOT / "tests" / "test_demo.py")
-    test_demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(test_demo)
+    import docs_run
+
+    assert 'docs_run.make(clone, "demo")' in (ROOT / "tests" / "conftest.py").read_text()
     ran = []
-    with monkeypatch.context() as patch:  # record the command the demo test runs, instead of running it
-        patch.setattr(test_demo.forked_python, "run", lambda argv, **kw: ran.append(argv) or
+    with monkeypatch.context() as patch:  # record the command docs_run.make runs, instead of running it
+        patch.setattr(docs_run.subprocess, "run", lambda argv, **kw: ran.append(argv) or
                       subprocess.CompletedProcess(argv, 0, "", ""))
-        test_demo.run_demo("outputs/demo")
-    assert ran == [[sys.executable, "-m", "train.demo", "--out", "outputs/demo", *test_demo.SHORT]]
+        docs_run.make(tmp_path, "demo")
+    assert ran[0][:3] == ["make", "-s", "demo"] and all(w.startswith(("VENV=", "PY=")) for w in ran[0][3:])
 
     # the suite and compare commands are the ones the demo runs (and logs) for each stage
     demo_source = (ROOT / "train" / "demo.py").read_text()
@@ -212,17 +214,7 @@ def test_getting_started_runs_what_the_demo_test_runs(monkeypatch, tiny_model_di
     assert compare[4:] == [*(f"outputs/demo/suite/{s}" for s in ("base", "sft", "nca_p")), "--out",
                            "outputs/demo/leaderboard"]
     assert 'compare([out / "suite" / stage for stage in STAGES], out / "leaderboard"' in demo_source
-
-    # the chat command, on the tiny model and a synthetic image instead of the demo's outputs
-    from train.chat import main as chat
-
-    words = next(w for w in commands if w[1:3] == ["-m", "train.chat"])
-    args = words[3:]
-    assert args[args.index("--model") + 1] == "outputs/demo/nca_p"
-    assert args[args.index("--image") + 1].startswith("outputs/demo/synthetic-spy-tune/images/")
-    args[args.index("--model") + 1] = str(tiny_model_dir)
-    args[args.index("--image") + 1] = str(next((synthetic_dir / "images").rglob("*.png")))
-    assert chat([*args, "--max-new-tokens", "4"]) in (0, None)
+    # the chat command runs on the demo's model in tests/test_docs_run.py
 
 
 def test_every_old_readme_heading_has_a_page():

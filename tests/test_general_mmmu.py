@@ -99,6 +99,28 @@ def test_vlmevalkit_reads_no_letter_from_a_failed_api_answer():
     assert mmmu.judge_vlmevalkit(rec("B", failed, options=("via api", "$7"))) == ("A", False)  # its text pass
 
 
+def test_empty_none_and_na_answers_as_each_format_reads_them(tmp_path):
+    """docs/evaluation/general.md: VLMEvalKit's xlsx / tsv predictions go through pandas, which reads "", "NA" and
+    (pandas >= 2) "None" as NaN, scored as the text 'nan' (its option-text pass can pick an option "an"); its json
+    predictions go through json.load, which keeps the strings, as our JSON Lines run files do."""
+    import json
+
+    import pandas as pd
+
+    answers = ["", "None", "NA"]
+    tsv = tmp_path / "m_MMMU_DEV_VAL.tsv"
+    pd.DataFrame({"index": [1, 2, 3], "prediction": answers}).to_csv(tsv, sep="\t", index=False)
+    read = pd.read_csv(tsv, sep="\t")["prediction"]  # VLMEvalKit's load_tsv
+    assert [str(p) for p in read] == ["nan"] * 3
+    options = ("an", "$7", "$8")
+    assert mmmu.judge_vlmevalkit(rec("A", "nan", options=options)) == ("A", True)  # what VLMEvalKit then scores
+    path = tmp_path / "m_MMMU_DEV_VAL.json"
+    path.write_text(json.dumps([{"index": i, "prediction": p} for i, p in enumerate(answers)]))
+    kept = [r["prediction"] for r in json.loads(path.read_text())]  # VLMEvalKit's load_json: json.load
+    assert kept == answers
+    assert [mmmu.judge_vlmevalkit(rec("A", p, options=options))[0] for p in kept] == ["Z", "Z", "Z"]
+
+
 @pytest.mark.parametrize("response,hit", [
     ("42", True),
     ("The angle is 42 degrees.", True),

@@ -594,8 +594,9 @@ def test_two_processes_train_like_one(tiny_model_dir, grpo_data, tmp_path):
 def test_grpo_is_an_opt_in_method_of_the_tuned_study(tmp_path):
     """`--methods ... grpo`: its learning rate, then its KL beta, swept around recipes/study/grpo.yaml's; the default
     method list (and a study folder made before) stays the four offline methods; GRPO is paired with NCA-P and DPO."""
-    from train.study import parse
-    from train.study_tuned import PAIRS, sweep_points
+    from study.__main__ import parse
+    from study.results import PAIRS
+    from study.selection import sweep_points
 
     args, _ = parse(["--protocol", "tuned", "--methods", "nca_p", "grpo", "--out", str(tmp_path / "s")])
     assert args.methods == ["nca_p", "grpo"]

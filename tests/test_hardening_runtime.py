@@ -104,7 +104,7 @@ NUMERIC_CASES = [  # (module, argv, needles): refused when parsed, before any fi
      ["--timeout: must be a finite number"]),
     ("eval", ["spatialtrust", "synthetic", "--out", "st", "--seed", "-1"], ["--seed: must be at least 0"]),
     ("train.demo", ["--out", "demo", "--sft-steps", "0"], ["--sft-steps: must be at least 1, got 0"]),
-    ("train.study", ["--out", "study", "--seeds", "0", "-2"], ["--seeds: must be at least 0, got -2"]),
+    ("study", ["--out", "study", "--seeds", "0", "-2"], ["--seeds: must be at least 0, got -2"]),
 ]
 
 
@@ -117,10 +117,10 @@ def test_a_bad_number_on_a_command_line_is_one_line(work, module, argv, needles)
 
 
 def test_every_numeric_option_has_a_checked_type():
-    """No `type=int` / `type=float` left on a command line of data_prep, eval or train: each goes through
+    """No `type=int` / `type=float` left on a command line of data_prep, eval, train or study: each goes through
     cli/numbers.py (finite, in range), so a new option cannot forget it."""
     raw = []
-    for path in [*ROOT.glob("data_prep/**/*.py"), *ROOT.glob("eval/**/*.py"), *ROOT.glob("train/**/*.py")]:
+    for path in [*ROOT.glob("data_prep/**/*.py"), *ROOT.glob("eval/**/*.py"), *ROOT.glob("train/**/*.py"), *ROOT.glob("study/**/*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
                 for kw in node.keywords:

@@ -17,13 +17,13 @@ TRAIN_ARGS = ["--train-args", "--logging_steps", "1", "--per_device_train_batch_
 
 
 def run_study(out, *extra):
-    command = [sys.executable, "-m", "train.study", "--out", str(out), *SHORT, *extra, *TRAIN_ARGS]
+    command = [sys.executable, "-m", "study", "--out", str(out), *SHORT, *extra, *TRAIN_ARGS]
     return forked_python.run(command, cwd=ROOT, capture_output=True, text=True)
 
 
 def test_study_end_to_end_and_reuse(tmp_path):
+    from study.quick import ROWS, SPY
     from train.demo import METHODS
-    from train.study import ROWS, SPY
 
     out = tmp_path / "study"
     result = run_study(out)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from train.study_tuned import NUMERICS, _machine, cpu_record
+from study.pins import NUMERICS, cpu_record, machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 # What another x86 machine's libraries could choose where this one's choose otherwise; unpinned, each of these moves
@@ -38,17 +38,17 @@ def test_cpu_record_from_cpuinfo_and_sysfs(tmp_path):
                       "stepping": "1", "cache size": "1024 KB", "flags": ["avx2", "avx512f", "fma", "sse2"],
                       "caches": {"L1 Data": "32K", "L2 Unified": "1024K", "L3 Unified": "32768K"}}
     assert cpu_record(tmp_path / "absent") == {}
-    line = _machine({"cpu": record, "numerics": NUMERICS})
+    line = machine_line({"cpu": record, "numerics": NUMERICS})
     assert "AuthenticAMD family 25 model 17 (AMD EPYC 9654)" in line and "DNNL_MAX_CPU_ISA=AVX2" in line
     # the page names the machine as lscpu does, and says whether it has AVX-512 (the second machine had not)
-    line = _machine({"cpu": record, "lscpu_model": "AMD EPYC 9654 96-Core Processor", "avx512": False})
+    line = machine_line({"cpu": record, "lscpu_model": "AMD EPYC 9654 96-Core Processor", "avx512": False})
     assert "family 25 model 17 (AMD EPYC 9654 96-Core Processor, AVX-512 no)" in line
-    assert _machine({}) == ""  # a study.json from before the record
+    assert machine_line({}) == ""  # a study.json from before the record
 
 
 def test_platform_record_holds_the_cpu_and_the_pins_in_force():
     """The study's own order (pin, then platform()) in a fresh process: the pins are in force, the CPU is named."""
-    code = ("import json; from train.study_tuned import pin_numerics, platform; pin_numerics(); "
+    code = ("import json; from study.pins import pin_numerics, platform; pin_numerics(); "
             "print(json.dumps(platform()))")
     done = subprocess.run([sys.executable, "-c", code], env=_env(**OTHER_MACHINE), capture_output=True, text=True,
                           timeout=120, check=True)
@@ -75,7 +75,7 @@ STUDY_SIDE = """
 import subprocess, sys
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
-from train.study_tuned import pin_numerics
+from study.pins import pin_numerics
 pin_numerics()
 reporter = sys.argv[1]
 # what train.demo.train starts for every training run: accelerate launch with the study's CPU config
@@ -109,7 +109,7 @@ TRAIN = """
 import sys
 from pathlib import Path
 from train.demo import ROOT, Clock, train
-from train.study_tuned import pin_numerics
+from study.pins import pin_numerics
 pin_numerics()
 script, recipe, model, data, out = sys.argv[1:]
 train(script, Path(model), Path(data), Path(out), 2, Clock(),

@@ -14,23 +14,15 @@ import forked_python
 import pytest
 
 from eval.general.synthetic import breakdown
-from eval.stats import interval, paired_difference, pareto_front, proportion_noise, t_cdf, t_quantile
+from eval.stats import bootstrap, interval, paired_difference, pareto_front, proportion_noise, t_cdf, t_quantile
+from study.pins import NUMERICS
+from study.protocol import FORMAT, kept_settings
+from study.results import analyse, seed_outcome, seeds_needed
+from study.runs import elapsed_at
+from study.selection import RULES, keeps_general, moved, point_result, refinement_points, same_point, select
+from study.tables import tables
+from study.verdict import recommendation_text, verdict_text
 from train.compute import logged_tokens, measured_rounds, run_compute, step_plan, training_compute
-from train.study_tuned import (
-    FORMAT,
-    NUMERICS,
-    elapsed_at,
-    frontier,
-    goal,
-    kept_settings,
-    moved,
-    paired,
-    point_result,
-    select,
-    summarize,
-    tables,
-    verdict_text,
-)
 
 ROOT = Path(__file__).resolve().parents[1]
 # Student t 0.975 quantiles from a printed table (df 1, 2, 4, 9, 30)
@@ -86,65 +78,157 @@ def test_general_answer_breakdown():
 BACKBONE_VAL = {"ics": 7.5, "general": 100.0, "n_ics": 67, "n_general": 100}
 
 
-def _swept(lr: float, by_budget: dict, stage: str = "learning_rate") -> dict:
-    """A sweep point of one seed: budget -> (validation ICS, general accuracy, overall)."""
-    seeds = {"100": {b: {"ics": i, "general": g, "overall": o} for b, (i, g, o) in by_budget.items()}}
-    return point_result({"learning_rate": lr}, stage, seeds, list(by_budget), BACKBONE_VAL)
+def _swept(lr: float, by_budget: dict, stage: str = "learning_rate", seeds: dict | None = None) -> dict:
+    """A sweep point: budget -> (validation ICS, general accuracy, overall) of one seed, or `seeds`: seed -> that."""
+    seeds = seeds or {"100": by_budget}
+    runs = {s: {b: {"ics": i, "general": g, "overall": o} for b, (i, g, o) in v.items()} for s, v in seeds.items()}
+    return point_result({"learning_rate": lr}, stage, runs, list(next(iter(seeds.values()))), BACKBONE_VAL)
 
 
-def test_a_run_moves_beyond_its_measurement_noise():
+def test_a_run_moves_privacy_beyond_its_measurement_noise():
     # ICS 7.5% over 67 pairs: binomial error sqrt(0.075 x 0.925 / 67) = 3.218 points; 100% over 100: one item, 1 point
     assert proportion_noise(7.5, 67) == pytest.approx(100 * math.sqrt(0.075 * 0.925 / 67))
     assert proportion_noise(100.0, 100) == 1.0 and proportion_noise(0.0, 50) == 2.0
-    assert moved({"ics": 7.5, "general": 98.0}, BACKBONE_VAL) is False  # two answers: within 2 x 1 point
-    assert moved({"ics": 7.5, "general": 97.0}, BACKBONE_VAL) is True
     assert moved({"ics": 13.9, "general": 100.0}, BACKBONE_VAL) is False  # 6.4 points, within 2 x 3.218
     assert moved({"ics": 14.0, "general": 100.0}, BACKBONE_VAL) is True
+    assert moved({"ics": 1.0, "general": 100.0}, BACKBONE_VAL) is False  # privacy fell: not the methods' purpose
     assert moved({"ics": None, "general": None}, BACKBONE_VAL) is None  # tiny test sets: cannot say
+    # the goal's floor: general accuracy within two answers of the backbone's 100 keeps general ability
+    assert keeps_general({"ics": 7.5, "general": 98.0}, BACKBONE_VAL) is True
+    assert keeps_general({"ics": 7.5, "general": 97.0}, BACKBONE_VAL) is False
+    assert keeps_general({"ics": 7.5, "general": None}, BACKBONE_VAL) is None
 
 
-def test_a_point_that_does_not_move_loses_to_one_that_moves():
-    still = _swept(1e-4, {"1x": (7.5, 100.0, 19.3)})  # the backbone's own answers: the best validation composite
-    mover = _swept(3e-4, {"1x": (40.0, 60.0, 18.9)})  # left the backbone, with a lower composite
-    assert still["budgets"]["1x"]["moved"] is False and mover["budgets"]["1x"]["moved"] is True
-    assert select([still, mover], "1x") == {"point": {"learning_rate": 3e-4}, "moved": True}
-    # it wins only when nothing moves: then the best composite among all points (the earlier of equals), flagged
-    within_noise = _swept(9e-4, {"1x": (9.0, 99.0, 18.0)})
-    assert within_noise["budgets"]["1x"]["moved"] is False
-    assert select([within_noise, still], "1x") == {"point": {"learning_rate": 1e-4}, "moved": False}
-    assert select([still, _swept(9e-4, {"1x": (7.5, 99.0, 19.3)})], "1x")["point"] == {"learning_rate": 1e-4}
+def test_a_point_that_only_loses_general_accuracy_does_not_move():
+    """Issue 47: SFT's 1x setting was kept at a validation composite of 10.3 (ICS 7.5, general 10) over a point at 19.3,
+    because losing general accuracy counted as moving. Now it does not move, and with nothing moved the best
+    composite is kept, the rule named."""
+    loser = _swept(1.8e-3, {"1x": (7.5, 10.0, 10.3)})
+    still = _swept(6e-4, {"1x": (7.5, 100.0, 19.3)})
+    assert loser["budgets"]["1x"]["moved"] is False and loser["budgets"]["1x"]["keeps_general"] is False
+    assert select([loser, still], "1x") == {"point": {"learning_rate": 6e-4}, "moved": False, "rule": "still"}
+    # a point whose ICS rose beats both, however low its composite (here it also lost general ability)
+    mover = _swept(5.4e-3, {"1x": (34.3, 0.0, 0.0)})
+    assert select([loser, still, mover], "1x") == {"point": {"learning_rate": 5.4e-3}, "moved": True,
+                                                    "rule": "composite"}
 
 
-def test_each_budget_keeps_the_setting_its_own_validation_numbers_choose():
-    early = _swept(3e-4, {"1x": (60.0, 90.0, 60.0), "3x": (70.0, 50.0, 45.0)})  # best at 30 steps, overtrained at 90
-    late = _swept(1e-4, {"1x": (20.0, 97.0, 30.0), "3x": (95.0, 90.0, 70.0)})
-    assert select([early, late], "1x")["point"] == {"learning_rate": 3e-4}
-    assert select([early, late], "3x")["point"] == {"learning_rate": 1e-4}
+def test_the_goal_floor_keeps_the_highest_ics_that_keeps_general_ability_and_falls_back_saying_so():
+    """Among the points that moved and kept general ability, the highest ICS, even against a better composite (the
+    harmonic mean that a point with 100 ICS and 55 general can win); none keeps it: the best composite among the
+    movers (rule 'composite'); none moved: the best composite among all (rule 'still'); the rule is recorded."""
+    high_ics_low_general = _swept(1e-3, {"3x": (100.0, 55.0, 71.0)})
+    kept_general = _swept(3e-4, {"3x": (80.0, 99.0, 60.0)})
+    best = _swept(6e-4, {"3x": (97.0, 98.0, 68.0)})
+    assert select([high_ics_low_general, kept_general, best], "3x") == {
+        "point": {"learning_rate": 6e-4}, "moved": True, "rule": "floor"}
+    assert select([high_ics_low_general, kept_general], "3x")["point"] == {"learning_rate": 3e-4}
+    # equal ICS: the higher general accuracy; then the earlier point
+    twin = _swept(9e-4, {"3x": (97.0, 100.0, 66.0)})
+    assert select([best, twin], "3x")["point"] == {"learning_rate": 9e-4}
+    assert select([best, _swept(9e-4, {"3x": (97.0, 98.0, 70.0)})], "3x")["point"] == {"learning_rate": 6e-4}
+    # no mover keeps general ability: the best composite among the movers, said so
+    other = _swept(2e-3, {"3x": (92.0, 40.0, 56.0)})
+    assert select([other, high_ics_low_general], "3x") == {"point": {"learning_rate": 1e-3}, "moved": True,
+                                                           "rule": "composite"}
+    assert RULES["floor"] == "highest ICS keeping general" and "none kept general" in RULES["composite"]
+
+
+def test_two_sweep_seeds_average_before_selection():
+    """Each seed's run counts once: the means over the sweep seeds are what moved, keeps_general and the rules see.
+    Seed 100 alone would keep the first point (ICS 99, general 100), seed 101 alone the second; averaged, the first
+    (ICS 92, general 98.5) keeps general ability and the second (ICS 95.5, general 96) does not."""
+    first = _swept(3e-4, {}, seeds={"100": {"3x": (99.0, 100.0, 70.0)}, "101": {"3x": (85.0, 97.0, 60.0)}})
+    second = _swept(9e-4, {}, seeds={"100": {"3x": (91.0, 92.0, 65.0)}, "101": {"3x": (100.0, 100.0, 72.0)}})
+    assert first["budgets"]["3x"]["ics"] == 92.0 and first["budgets"]["3x"]["general"] == 98.5
+    assert first["budgets"]["3x"]["keeps_general"] is True and second["budgets"]["3x"]["keeps_general"] is False
+    assert first["budgets"]["3x"]["overall"]["mean"] == 65.0 and first["budgets"]["3x"]["overall"]["n"] == 2
+    assert select([first, second], "3x") == {"point": {"learning_rate": 3e-4}, "moved": True, "rule": "floor"}
+
+
+def test_the_refinement_points_around_the_long_budgets_choice():
+    grid = refinement_points({"learning_rate": 3e-4, "beta": 1.5}, [1 / 1.5, 1, 1.5], [1 / 3, 1, 3])
+    assert [(round(p["learning_rate"], 10), round(p["beta"], 10)) for p in grid] == [
+        (2e-4, 0.5), (2e-4, 1.5), (2e-4, 4.5), (3e-4, 0.5), (3e-4, 4.5), (4.5e-4, 0.5), (4.5e-4, 1.5), (4.5e-4, 4.5)]
+    assert refinement_points({"learning_rate": 6e-4}, [1 / 1.5, 1, 1.5], [1 / 3, 1, 3]) == [
+        {"learning_rate": pytest.approx(4e-4)}, {"learning_rate": pytest.approx(9e-4)}]  # SFT: no beta
+    assert refinement_points({"learning_rate": 6e-4}, [1], [1 / 3, 1, 3]) == []
+    assert same_point({"learning_rate": 3e-4 * 3 / 1.5}, {"learning_rate": 6e-4})  # rounding is not another point
+
+
+def _fixed_sweep(monkeypatch, values: dict, ctx: dict, seen: list | None = None) -> dict:
+    """The sweep's own loop for DPO, each run replaced by fixed validation numbers (no training): values[(lr, beta)]
+    is budget -> (ICS, general, overall), or seed -> that."""
+    from study import protocol, runs
+
+    def run(ctx, method, point, seed):
+        v = values[(round(point["learning_rate"], 10), round(point["beta"], 10))]
+        v = v.get(seed, v)
+        if seen is not None:
+            seen.append((round(point["learning_rate"], 10), round(point["beta"], 10), seed))
+        return {b: {"ics": i, "general": g, "overall": o} for b, (i, g, o) in v.items()}
+
+    monkeypatch.setattr(runs, "sweep_task", run)
+    ctx = {"budgets": {"1x": 30, "3x": 90}, "lr_factors": [1 / 3, 1, 3], "beta_factors": [1, 3], "sweep_seeds": [100],
+           "refine_lr_factors": [1], "refine_beta_factors": [1], "jobs": 1, "steps": 30, "long_steps": 90, **ctx}
+    return protocol.sweep(ctx, ["dpo"], BACKBONE_VAL, log=lambda message: None)["dpo"]
 
 
 def test_the_sweep_chooses_each_budget_on_its_own_numbers(monkeypatch):
-    """The sweep's own loop, each run replaced by fixed validation numbers (no training): the learning rates first, the
-    beta at the learning rate the long budget keeps, and each budget's kept point from its own numbers."""
-    from train import study_tuned
-
-    def fixed(lr: float, beta: float) -> dict:  # DPO's recipe: lr 3e-4, beta 0.5
-        return {(1e-4, 0.5): {"1x": (7.5, 100.0, 19.3), "3x": (7.5, 100.0, 19.3)},  # never moves
-                (3e-4, 0.5): {"1x": (30.0, 95.0, 40.0), "3x": (80.0, 60.0, 50.0)},
-                (9e-4, 0.5): {"1x": (50.0, 20.0, 25.0), "3x": (92.0, 85.0, 75.0)},
-                (9e-4, 1.5): {"1x": (40.0, 30.0, 30.0), "3x": (94.0, 88.0, 78.0)}}[(round(lr, 8), beta)]
-
-    def run(ctx, method, point, seed):
-        return {b: {"ics": i, "general": g, "overall": o}
-                for b, (i, g, o) in fixed(point["learning_rate"], point["beta"]).items()}
-
-    monkeypatch.setattr(study_tuned, "sweep_task", run)
-    ctx = {"budgets": {"1x": 30, "3x": 90}, "lr_factors": [1 / 3, 1, 3], "beta_factors": [1, 3],
-           "sweep_seeds": [100], "jobs": 1, "steps": 30, "long_steps": 90}
-    swept = study_tuned.sweep(ctx, ["dpo"], BACKBONE_VAL, log=lambda message: None)["dpo"]
+    """The learning rates first, the beta at the learning rate the long budget keeps, and each budget's kept point
+    from its own numbers."""
+    values = {(1e-4, 0.5): {"1x": (7.5, 100.0, 19.3), "3x": (7.5, 100.0, 19.3)},  # never moves
+              (3e-4, 0.5): {"1x": (30.0, 95.0, 40.0), "3x": (80.0, 60.0, 50.0)},
+              (9e-4, 0.5): {"1x": (50.0, 20.0, 25.0), "3x": (92.0, 85.0, 75.0)},
+              (9e-4, 1.5): {"1x": (40.0, 30.0, 30.0), "3x": (94.0, 88.0, 78.0)}}
+    swept = _fixed_sweep(monkeypatch, values, {})
     tried = [(round(p["point"]["learning_rate"], 8), p["point"]["beta"]) for p in swept["points"]]
     assert tried == [(3e-4, 0.5), (1e-4, 0.5), (9e-4, 0.5), (9e-4, 1.5)]  # beta at 3x's lr (9e-4), not 1x's (3e-4)
     assert swept["kept"]["1x"] == {"learning_rate": 3e-4, "beta": 0.5}
     assert swept["kept"]["3x"] == {"learning_rate": 9e-4, "beta": 1.5} and swept["moved"] == {"1x": True, "3x": True}
+    assert swept["rule"] == {"1x": "composite", "3x": "composite"}
+
+
+def test_the_sweep_refines_in_two_dimensions_around_the_long_budgets_choice(monkeypatch):
+    """After the coordinate stages, the grid lr x {1/1.5, 1, 1.5} by beta x {1/3, 1, 3} around the 3x choice, on both
+    sweep seeds, without the points already tried (NCA's beta: 0.01 x 3 / 3 is 0.009999999999999998 in floats, the
+    same point); the kept point is chosen among all stages. Issue 47's case: lr 9e-4 with the larger beta was never
+    tried coordinate-wise, and the refinement around (6e-4, 0.03) finds it."""
+    back = {"1x": (7.5, 100.0, 19.3), "3x": (7.5, 100.0, 19.3)}
+    values = {(2e-4, 0.01): back, (6e-4, 0.01): {"1x": (7.5, 100.0, 19.3), "3x": (79.0, 100.0, 63.5)},
+              (1.8e-3, 0.01): {"1x": (4.5, 74.0, 14.2), "3x": (7.5, 50.0, 23.6)},
+              (6e-4, 0.03): {"1x": (7.5, 91.0, 19.1), "3x": (90.0, 100.0, 71.3)}}
+    values.update({(round(6e-4 * a, 10), round(0.03 * b, 10)): back for a in (1 / 1.5, 1, 1.5) for b in (1 / 3, 1, 3)
+                   if (a, b) != (1, 1) and (a, b) != (1, 1 / 3)})
+    values[(9e-4, 0.03)] = {"1x": (7.5, 100.0, 19.3), "3x": {100: (99.0, 100.0, 72.0), 101: (97.0, 99.0, 71.0)}}
+    values = {k: {s: {b: (v[b][s] if isinstance(v[b], dict) else v[b]) for b in v} for s in (100, 101)}
+              for k, v in values.items()}
+    seen = []
+    monkeypatch.setattr("study.selection.recipe_value", lambda m, k: {"learning_rate": 6e-4, "beta": 0.01}[k])
+    swept = _fixed_sweep(monkeypatch, values, {"sweep_seeds": [100, 101], "refine_lr_factors": [1 / 1.5, 1, 1.5],
+                                               "refine_beta_factors": [1 / 3, 1, 3]}, seen)
+    stages = [p["stage"] for p in swept["points"]]
+    assert stages == ["learning_rate"] * 3 + ["beta"] + ["refine"] * 7  # (6e-4, 0.01) was tried: 8 - 1
+    refined = [(round(p["point"]["learning_rate"], 10), round(p["point"]["beta"], 10)) for p in swept["points"][4:]]
+    assert (9e-4, 0.03) in refined and (6e-4, 0.01) not in refined and len(set(refined)) == 7
+    assert len(seen) == 2 * 11 and {s for *_, s in seen} == {100, 101}
+    assert swept["kept"]["3x"] == {"learning_rate": pytest.approx(9e-4), "beta": pytest.approx(0.03)}
+    assert swept["rule"]["3x"] == "floor" and swept["rule"]["1x"] == "still"
+
+
+def test_a_comment_only_recipe_edit_keeps_the_digest(tmp_path):
+    """Issue 47: the published study recorded the raw bytes' digest of recipes/study/grpo.yaml, so a comment-only edit
+    since refused its resumption. The digest is over the parsed values: comments and key order leave it, a value
+    changes it."""
+    from study.protocol import recipe_digest
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("learning_rate: 3.0e-4\nbeta: 0.04  # the KL\n")
+    digest = recipe_digest(recipe)
+    recipe.write_text("# a comment about why\nbeta: 0.04\nlearning_rate: 3.0e-4  # moved, reworded\n")
+    assert recipe_digest(recipe) == digest
+    recipe.write_text("learning_rate: 3.0e-4\nbeta: 0.05\n")
+    assert recipe_digest(recipe) != digest
 
 
 def test_kept_settings_from_either_layout(tmp_path):
@@ -220,6 +304,122 @@ def test_grpo_compute_per_step_within_20_percent_of_dpo_on_the_study_data(tmp_pa
     assert abs(plan["grpo"]["ratio_to_dpo"] - 1) <= 0.2, (rounds, plan)
 
 
+def _recorded(wall: float, **extra) -> dict:
+    """A recorded study of layout 2 with fixed timings: DPO (two final runs of 30 steps, 30 and 36 s: 1.1 s a step;
+    one sweep run, 33 s) and GRPO (one final run, 60 s: 2 s a step at the plan's 24 samples)."""
+    point = {"learning_rate": 1e-3, "beta": 0.1}
+    run = lambda seconds: {"training": {"train_runtime": seconds}, "steps": {}}  # noqa: E731
+    return {"format": 2, "budgets": {"1x": 10, "3x": 30}, "curve_steps": [10, 20, 30], "methods": ["dpo", "grpo"],
+            "plan": {"grpo": {"cases": 24}}, "wall_seconds": wall, "final_runs": {"trained": 3, "all": 3},
+            "sweep": {"dpo": {"points": [{"seeds": {"100": {"3x": {"train_seconds": 33.0}}}}]}},
+            "final": {"dpo": {"kept": {"1x": point, "3x": point}, "runs": {"seed0": run(30.0), "seed1": run(36.0)}},
+                      "grpo": {"kept": {"1x": point, "3x": point}, "runs": {"seed0": run(60.0)}}}, **extra}
+
+
+def test_the_estimate_reads_a_recorded_study_against_hand_computations():
+    """Training per step from the recorded final runs; the overhead (OVERHEAD_SECONDS: per sweep run a launch and two
+    validation evaluations, 38.5 s; per final run of 3 curve points serving both budgets a launch, one evaluation
+    without and two with distractors, 56.3 s) scaled by the factor the recorded wall time leaves for it: with --jobs 2
+    and 378 s before the sweep, (509.35 - 378) x 2 - 159 s of training = 103.7 s = 0.5 x 207.4."""
+    from study.estimate import OVERHEAD_SECONDS, calibration, estimate, step_seconds
+
+    assert OVERHEAD_SECONDS["backbone"] == 378.0
+    recorded = _recorded(509.35)
+    scale, basis = calibration(recorded)
+    assert scale == pytest.approx(0.5) and "measured wall time (509 s with --jobs 2 (assumed)" in basis
+    assert step_seconds(recorded, ["dpo", "grpo"], {"grpo": 48}) == {"dpo": pytest.approx(1.1),
+                                                                     "grpo": pytest.approx(4.0)}
+    assert step_seconds(recorded, ["grpo_guided"], {"grpo_guided": 12})["grpo_guided"] == pytest.approx(1.0)
+    # DPO: 3 learning rates + 1 beta, two sweep seeds: 8 runs of 30 x 1.1 + 0.5 x 38.5 s; 3 final runs of
+    # 33 + 0.5 x 56.3 s; 378 + (418 + 183.45) / 2
+    e = estimate(recorded, ["dpo"], 2, 3, 2, refine_new={"dpo": 0}, steps=10, factor=3)
+    assert e["counts"]["sweep"] == {"dpo": 8} and e["counts"]["final"] == {"dpo": 3}
+    assert e["total"] == pytest.approx(378 + (8 * 52.25 + 3 * 61.15) / 2)
+    assert e["each_common"] == {"dpo": pytest.approx(3 * (11 + 0.5 * (15.5 + 16.7)) / 2)}
+    assert estimate(recorded, ["dpo"], 2, 3, 2, steps=10, factor=3)["counts"]["points"] == {"dpo": 11}  # + 7 refined
+    # a study that records its runs' wall times (layout 3) is calibrated on the runs it trained, not on reused ones
+    timed = _recorded(1.0, format=3)
+    timed["final"]["dpo"]["runs"]["seed0"].update(trained=True, wall_seconds=30.0 + 56.3 * 0.8)
+    timed["final"]["dpo"]["runs"]["seed1"].update(trained=False, wall_seconds=1.0)
+    timed["final"]["grpo"]["runs"]["seed0"].update(trained=False, wall_seconds=1.0)
+    timed["sweep"]["dpo"]["points"][0]["seeds"]["100"].update(trained=False, wall_seconds=0.5)
+    assert calibration(timed) == (pytest.approx(0.8), "its 1 runs' own wall times")
+    assert calibration({**_recorded(100.0), "final_runs": {"trained": 1, "all": 3}})[0] == 1.0  # partial: as measured
+
+
+def test_the_estimate_comes_within_25_percent_of_a_study_it_did_not_read():
+    """Issue 47: from the published file the estimate printed 58 / 73 min for a study that ran in 38. Now, from each of
+    the two complete studies recorded on the development machine (docs/study_tuned.json: GRPO at 24 samples, 2288 s;
+    docs/study_tuned_32samples.json: commit b57f87b's, GRPO at 32, 2669 s), the other's own runs are estimated within
+    25% of its measured wall time (0.93x and 1.06x)."""
+    from study.estimate import check
+
+    published = json.loads((ROOT / "docs" / "study_tuned.json").read_text())
+    earlier = json.loads((ROOT / "docs" / "study_tuned_32samples.json").read_text())
+    assert earlier["plan"]["grpo"]["cases"] == 32 and earlier["wall_seconds"] == pytest.approx(2668.8)
+    for evidence, other in ((published, earlier), (earlier, published)):
+        assert abs(check(evidence, other)["ratio"] - 1) <= 0.25
+
+
+def test_the_estimate_command_names_its_source_and_takes_seeds_as_a_list(capsys):
+    from study import tuned
+
+    tuned.main(["estimate", str(ROOT / "docs" / "study_tuned.json"), "--seeds", "0", "1", "2", "--sweep-seeds", "100",
+                "--methods", "dpo", "nca_p", "--own-1x", "dpo"])
+    out = capsys.readouterr().out
+    assert "reads" in out and "a recorded study" in out and "not this machine" in out
+    assert "final: 9 runs" in out and "sweep: 22 runs (22 points)" in out  # 6 long + DPO's 3 at 1x and "NCA-P" in out
+    parser = None
+    import argparse
+
+    def catch(self, *args, **kwargs):
+        nonlocal parser
+        parser = self
+        raise SystemExit(0)
+
+    original = argparse.ArgumentParser.parse_known_args
+    argparse.ArgumentParser.parse_known_args = catch
+    try:
+        with pytest.raises(SystemExit):
+            tuned.main(["estimate"])
+    finally:
+        argparse.ArgumentParser.parse_known_args = original
+    estimate_parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["estimate"]
+    assert all(action.help for action in estimate_parser._actions), "an option of estimate without help"
+    assert estimate_parser._option_string_actions["--seeds"].nargs == "+"
+
+
+def test_guided_grpo_is_a_method_with_its_group_statistics_and_compute_match():
+    """Guided GRPO (issue 45; recipes/study/grpo_guided.yaml, train/grpo.py) as the study's sixth method: GRPO's script
+    and kind, swept on its KL beta, paired with GRPO, DPO and NCA-P; its logged group statistics per run (the share of
+    groups guided, refusal-expected groups holding a refusal, the KL: means over the logged steps up to a budget) and
+    its compute against DPO's with the rule that counted its reference."""
+    from study.methods import NAMES, script
+    from study.results import PAIRS, compute_match
+    from study.runs import group_statistics
+    from study.selection import BETA_METHODS
+
+    assert script("grpo_guided") == "grpo" and NAMES["grpo_guided"] == "Guided GRPO" and "grpo_guided" in BETA_METHODS
+    assert {("grpo_guided", "grpo"), ("grpo_guided", "dpo"), ("grpo_guided", "nca_p")} <= set(PAIRS)
+    history = [{"step": 5, "kl": 0.1, "guidance/guided_share": 0.5, "groups/reject_with_refusal": 0.2, "loss": 1.0},
+               {"step": 10, "kl": 0.3, "guidance/guided_share": 0.25, "groups/reject_with_refusal": 0.6,
+                "guidance/supervised_nll": float("nan")},
+               {"step": 15, "kl": 9.0, "guidance/guided_share": 1.0}]
+    assert group_statistics(history, 10) == {"kl": pytest.approx(0.2), "guidance/guided_share": 0.375,
+                                             "groups/reject_with_refusal": pytest.approx(0.4)}
+    report = _report({"dpo": [(8, 100, {"compute_k": 1000.0}), (8, 100, {"compute_k": 1000.0})],
+                      "grpo_guided": [(8, 100, {"compute_k": 1150.0, "compute_rule": "logged"}),
+                                      (8, 100, {"compute_k": 1250.0, "compute_rule": "logged"})],
+                      "grpo": [(8, 100, {"compute_k": 1400.0}), (8, 100, {"compute_k": 1500.0})]})
+    match = compute_match(report)["1x"]
+    assert match["grpo_guided"] == {"compute": 1200.0, "dpo": 1000.0, "ratio": 1.2, "rules": ["logged"],
+                                    "within": True}
+    assert match["grpo"]["ratio"] == 1.45 and not match["grpo"]["within"] and match["grpo"]["rules"] == ["trained"]
+    text = verdict_text(report)
+    assert "Guided GRPO 1.20x DPO's at 1x" in text and "its reference counted on the rows it logged scoring" in text
+    assert "GRPO 1.45x DPO's at 1x" in text and "outside the 20%" in text
+
+
 def test_elapsed_time_from_the_progress_bar():
     log = (" 32%|###2      | 29/90 [00:11<00:24,  2.4it/s]\r 33%|###3      | 30/90 [00:12<00:25,  2.35it/s]\r"
            " 33%|###3      | 30/90 [00:13<00:25,  2.35it/s]\r100%|##########| 90/90 [1:02:03<00:00,  1.0it/s]")
@@ -229,17 +429,17 @@ def test_elapsed_time_from_the_progress_bar():
 
 # ------------------------------------------------------------------------------------------ results
 def _runs(values: list, budget_step: int = 10) -> dict:
-    """Final runs at one step from per-seed (ics, general) or (ics, general, extra) values."""
+    """Final runs at one step from per-seed (ics, general) or (ics, general, extra) values (67 held-out ICS pairs)."""
     runs = {}
     for i, v in enumerate(values):
         ics, general, *extra = v
-        runs[f"seed{i}"] = {"steps": {str(budget_step): {"ics": ics, "hms": ics / 2, "general": general,
+        runs[f"seed{i}"] = {"steps": {str(budget_step): {"ics": ics, "hms": ics / 2, "general": general, "n_ics": 67,
                                                          "overall": (ics + general) / 2, **(extra[0] if extra else {})}}}
     return runs
 
 
 def _report(values: dict, budgets: dict | None = None) -> dict:
-    """A tuned study.json with fixed numbers: method -> per-seed values at the budgets' one step."""
+    """A tuned study.json with fixed numbers: method -> per-seed values at the budgets' one step, analysed."""
     budgets = budgets or {"1x": 10}
     step = list(budgets.values())[0]
     methods = list(values)
@@ -247,23 +447,18 @@ def _report(values: dict, budgets: dict | None = None) -> dict:
     final = {m: {"kept": {b: point for b in budgets}, "runs": _runs(v, step)} for m, v in values.items()}
     back = {"general": 100.0, "without_distractors": {"ics": 7.5, "hms": 13.9, "overall": 19.3}}
     selfmod = {"general": 100.0, "without_distractors": {"ics": 4.5, "hms": 4.4, "overall": 8.5}}
-    swept = {"point": point, "stage": "learning_rate", "seeds": {"100": {b: {"ics": 7.5, "general": 100.0,
-                                                                            "overall": 19.3} for b in budgets}},
-             "budgets": {b: {"ics": 7.5, "general": 100.0, "overall": interval([19.3]), "moved": False}
-                         for b in budgets}}
+    swept = point_result(point, "learning_rate", {"100": {b: {"ics": 7.5, "general": 100.0, "overall": 19.3}
+                                                          for b in budgets}}, list(budgets), BACKBONE_VAL)
     report = {"format": FORMAT, "methods": methods, "seeds": list(range(len(next(iter(values.values()))))),
               "budgets": budgets, "curve_steps": [step], "wall_seconds": 1, "train_seconds": 1,
               "train_seconds_by_method": {m: 1 for m in methods}, "final_runs": {"trained": 1, "all": 1},
               "platform": {"torch": "x", "cpu_capability": "AVX2", "threads": "1"},
               "plan": {"dpo": step_plan("dpo", {"per_device_train_batch_size": 16, "beta": 0.5}, 200.0)},
               "backbone": {"backbone": back, "self_moderation": selfmod}, "backbone_val": BACKBONE_VAL,
-              "sweep": {m: {"points": [swept], "kept": {b: point for b in budgets},
-                            "moved": {b: False for b in budgets}} for m in methods},
-              "final": final, "summary": summarize(final, methods, budgets), "paired": paired(final, methods, budgets)}
-    report["frontier"] = frontier(report)
-    report["goal"] = goal(report)
-    report["compute_match"] = {}
-    return report
+              "sweep": {m: {"points": [swept], "kept": {b: point for b in budgets}, "moved": {b: False for b in budgets},
+                            "rule": {b: "still" for b in budgets}} for m in methods},
+              "final": final}
+    return analyse(report)
 
 
 def test_paired_comparisons_of_the_pairs():
@@ -275,9 +470,61 @@ def test_paired_comparisons_of_the_pairs():
     assert result["nca_p - dpo"]["ics"]["verdict"] == "first higher"
     assert result["nca_p - dpo"]["general"]["verdict"] == "second higher"
     assert result["nca_p - nca"]["ics"]["verdict"] == "indistinguishable"  # differences 10, -3, 24
+    assert result["nca_p - dpo"]["ics"]["low"] == pytest.approx(80)  # the paired differences keep the t interval
+    close = report["paired"]["1x"]["nca - dpo"]["general"]  # differences -100, -90, -80: t(2) half width 24.85
+    assert (close["low"], close["high"]) == pytest.approx((-90 - 4.302653 * 10 / math.sqrt(3),
+                                                           -90 + 4.302653 * 10 / math.sqrt(3)), abs=1e-4)
     summary = report["summary"]["1x"]
-    assert summary["nca"]["ics"]["mean"] == pytest.approx(245 / 3)
-    assert summary["dpo"]["ics"]["low"] == pytest.approx(12 - 4.302653 * 2 / math.sqrt(3), abs=1e-4)
+    assert summary["nca"]["ics"]["mean"] == pytest.approx(245 / 3) and summary["nca"]["ics"]["median"] == 80
+    # a score's own interval: the percentile bootstrap (3 seeds: each value is a resampled mean with probability
+    # 1/27 > 2.5%, so the 2.5th and 97.5th percentiles are the smallest and the largest seed's value)
+    assert (summary["dpo"]["ics"]["low"], summary["dpo"]["ics"]["high"]) == (10, 14)
+
+
+def test_bootstrap_intervals_respect_the_range_against_hand_computations():
+    """Issue 47: at 3x DPO's mean ICS was 87.3 [70.6, 104.0] (Student t over bimodal seeds crosses 100). The
+    percentile bootstrap over the same ten seeds stays inside [0, 100]; on small sets its quantiles are known exactly:
+    two values -> each is a resampled mean with probability 1/4; {0, 0, 0, 100} -> P(mean = 100) = 1/256 < 2.5% but
+    P(mean >= 75) = 13/256 > 2.5%, so [0, 75]. Seeded: the same values give the same interval."""
+    dpo_3x = [100.0, 85.1, 100.0, 100.0, 25.4, 97.8, 100.0, 89.6, 100.0, 75.4]  # docs/study_tuned.json, seeds 0-9
+    t = interval(dpo_3x)
+    assert round(t["mean"], 1) == 87.3 and t["high"] > 100
+    b = bootstrap(dpo_3x)
+    assert b["mean"] == t["mean"] and b["median"] == pytest.approx(98.9) and b["interval"] == "percentile bootstrap"
+    assert 25.4 <= b["low"] < b["mean"] < b["high"] <= 100
+    assert bootstrap(dpo_3x) == b and bootstrap(dpo_3x, seed=1) != b
+    two = bootstrap([40.0, 90.0])
+    assert (two["low"], two["high"], two["median"]) == (40.0, 90.0, 65.0)
+    assert (bootstrap([0, 0, 0, 100])["low"], bootstrap([0, 0, 0, 100])["high"]) == (0.0, 75.0)
+    assert bootstrap([100.0] * 10)["low"] == bootstrap([100.0] * 10)["high"] == 100.0
+    assert bootstrap([42.0])["low"] is None and bootstrap([42.0])["median"] == 42.0
+
+
+def test_success_per_seed_against_hand_counts():
+    """Seeds meeting the goal (ICS >= 90 and general >= 95, each seed's own run) and, for the common budget, seeds that
+    moved privacy (held-out ICS above the backbone's 7.5 by more than 2 x 3.218 over 67 pairs) with general >= 95;
+    what each missing seed lacked; the goal reached at 9 of 10 seeds."""
+    assert seed_outcome({"ics": 90.0, "general": 95.0, "n_ics": 67}, 7.5) == {
+        "ics": 90.0, "general": 95.0, "goal": True, "moved": True, "kept": True, "short": {}}
+    assert seed_outcome({"ics": 89.9, "general": 100.0, "n_ics": 67}, 7.5)["short"] == {"ics": pytest.approx(0.1)}
+    low = seed_outcome({"ics": 13.9, "general": 99.0, "n_ics": 67}, 7.5)
+    assert low["moved"] is False and low["kept"] and not low["goal"]  # 6.4 points: inside the band
+    assert seed_outcome({"ics": 14.0, "general": 95.0, "n_ics": 67}, 7.5)["moved"] is True
+    assert seed_outcome({"ics": 14.0, "general": 95.0}, 7.5)["moved"] is None  # no item count: cannot say
+    dpo = [(100, 100), (85.1, 100), (100, 100), (100, 99.5), (25.4, 100), (97.8, 100), (100, 100), (89.6, 100),
+           (100, 100), (75.4, 100)]
+    sft = [(97, 100), (97.8, 100), (97, 19), (95.5, 0), (100, 99), (100, 100), (98.5, 84.5), (100, 100), (100, 39.5),
+           (97.8, 100)]
+    nine = [(95, 96)] * 9 + [(50, 100)]
+    report = _report({"dpo": dpo, "sft": sft, "nca_p": nine}, {"1x": 10, "3x": 10})
+    counted = report["success"]["3x"]
+    assert (counted["dpo"]["goal"], counted["sft"]["goal"], counted["nca_p"]["goal"]) == (6, 6, 9)
+    assert (counted["dpo"]["moved_kept"], counted["sft"]["moved_kept"]) == (10, 6)
+    assert seeds_needed(10) == 9 and seeds_needed(5) == 5 and seeds_needed(2) == 2
+    g = report["goal"]
+    assert g["reached"] == ["nca_p"] and g["methods"]["dpo"]["met"] == 6 and g["methods"]["dpo"]["needed"] == 9
+    assert sorted(o["ics"] for o in g["methods"]["dpo"]["misses"].values()) == [25.4, 75.4, 85.1, 89.6]
+    assert report["summary"]["3x"]["dpo"]["ics"]["median"] == pytest.approx(98.9)
 
 
 def test_the_frontier_through_the_best():
@@ -290,27 +537,40 @@ def test_the_frontier_through_the_best():
     assert front == {"backbone": True, "self_moderation": False, "NCA-P 1x": True, "GRPO 1x": True, "DPO 1x": False}
 
 
-def test_the_verdict_comes_from_the_numbers():
-    logged = {"logged": {"frac_reward_zero_std": 0.5, "kl": 0.02}}
+def test_the_verdict_and_the_recommendation_come_from_the_numbers():
     budgets = {"1x": 10, "3x": 10}
-    report = _report({"grpo": [(8, 100, logged), (7, 100, {"logged": {"frac_reward_zero_std": 0.7, "kl": 0.04}})],
+    logged = {"logged": {"frac_reward_zero_std": 0.5, "kl": 0.02, "groups/reject_with_refusal": 0.4,
+                         "guidance/guided_share": 0.3}}
+    other = {"logged": {"frac_reward_zero_std": 0.7, "kl": 0.04, "groups/reject_with_refusal": 0.6,
+                        "guidance/guided_share": 0.5}}
+    report = _report({"grpo_guided": [(8, 100, logged), (7, 100, other)],
                       "nca_p": [(90, 60, {"refusal": 30.0, "wrong_colour": 2.0, "malformed": 8.0}),
-                                (92, 64, {"refusal": 26.0, "wrong_colour": 2.0, "malformed": 8.0})]}, budgets)
+                                (92, 96, {"refusal": 26.0, "wrong_colour": 2.0, "malformed": 8.0})],
+                      "dpo": [(99, 100), (25, 100)]}, budgets)
     g = report["goal"]
-    assert g["budget"] == "3x" and g["reached"] == []
-    assert g["methods"]["nca_p"]["short"] == {"ics": 0.0, "general": pytest.approx(33.0)}
-    assert g["methods"]["grpo"]["logged"]["frac_reward_zero_std"] == {"mean": pytest.approx(0.6), "low": 0.5,
-                                                                      "high": 0.7}
+    assert g["budget"] == "3x" and g["reached"] == [] and g["methods"]["nca_p"]["met"] == 1
+    assert g["methods"]["grpo_guided"]["logged"]["kl"] == {"mean": pytest.approx(0.03), "low": 0.02, "high": 0.04}
     text = verdict_text(report)
-    assert "**No method reached it.**" in text and "at 3x, held-out ICS >= 90" in text
-    assert "general acc. 62.0 [36.6, 87.4] (33.0 short). Limited by general ability (of its general answers: " \
-        "refusal 28.0%" in text
-    assert "frac_reward_zero_std 0.6 (0.5-0.7)" in text and "2 seeds, not the 10 the goal asks for" in text
-    assert text.index("NCA-P:") < text.index("GRPO:")  # closest first: 33 short against 82.5
-    assert "**Kept although they did not move**" in text and "GRPO at 3x" in text
+    assert "**No method reached it at 3x.**" in text and "at least 90% of the seeds" in text
+    assert "- NCA-P: 1 of 2 seeds met it (needed 2); ICS median 91.0" in text
+    assert "The other 1: 1 short on general accuracy (at 60.0; of all its general answers: refusal 28.0%" in text
+    assert "- DPO: 1 of 2 seeds met it" in text and "1 short on ICS (at 25.0)" in text
+    assert "refusal-expected groups holding a refusal 0.5 (0.4-0.6)" in text and "groups guided 0.4 (0.3-0.5)" in text
+    assert "KL to the reference 0.03 (0.02-0.04)" in text and "these final runs up to 3x" in text
+    assert "**At 1x**" in text and "Guided GRPO 0/2" in text
+    assert "3x, Guided GRPO - NCA-P: ICS" in text and "3x, Guided GRPO - DPO" in text
+    assert "**Kept although they did not move**" in text
+    # the recommendation: the most seeds at the goal, then the cheaper budget, then the higher general accuracy:
+    # DPO and NCA-P both 1 of 2 at 1x (the runs serve both budgets here); DPO keeps general ability (100 against 78)
+    advice = recommendation_text(report)
+    assert advice.startswith("**Best here: DPO at 1x**: 1 of 2 seeds met the goal (short of the 2 it asks)")
+    assert "**Next: NCA-P at 1x**" in advice and "worst seed 60.0" in advice
+    assert "What this says about a 7B model" in advice and "does not say" in advice
+    none = recommendation_text(_report({"dpo": [(7.5, 100), (8, 100)]}, budgets))
+    assert none.startswith("**No method met the goal on any seed at any budget**") and "DPO at 1x, seed1" in none
     reached = _report({"sft": [(96, 97), (98, 99)], "grpo": [(8, 100), (7, 100)]}, budgets)
-    text = verdict_text(reached)
-    assert "**Reached by SFT.**" in text and "the 95% intervals reach below them" in text
+    assert "**Reached at 3x by SFT (2 of 2 seeds).**" in verdict_text(reached)
+    assert recommendation_text(reached).startswith("**Use: SFT at 1x**: 2 of 2 seeds met the goal;")
 
 
 def test_tables_mark_verdicts_across_platforms():
@@ -322,12 +582,16 @@ def test_tables_mark_verdicts_across_platforms():
     assert "| 1x | NCA-P - DPO | ICS | 80.0 [80.0, 80.0] | < 0.001 | NCA-P higher | NCA-P higher |" in text
     assert "| 1x | NCA-P - NCA | ICS |" in text and "indistinguishable | NCA-P higher |" in text
     assert "11 of 12 verdicts the same" in text
-    assert "yes (no point moved)" in text and "## The privacy-ability frontier" in text and "## Verdict" in text
+    assert "best composite (none moved)" in text and "## The privacy-ability frontier" in text
+    assert "## Verdict" in text and "## Recommendation" in text and "## Every seed" in text
     assert "| backbone (reference) | – | 7.5 | 100.0 | 19.3 |" in text
+    assert "| NCA-P | 1x | 90.0 / 0.0 | 92.0 / 0.0 | 94.0 / 0.0 |" in text
+    assert "| NCA-P | 3 | lr 0.001, beta 0.1 | 10-step runs | 0/3 | 0/3 | 92.0 [90.0, 94.0] | 92.0 |" in text
+    assert "percentile bootstrap" in text and "**Measured wall time**" in text
 
 
 SHORT = ["--protocol", "tuned", "--methods", "nca_p", "--lr-factors", "1", "3", "--beta-factors", "1",
-         "--sweep-seeds", "100", "--seeds", "0", "1", "--backbone-steps", "2", "--steps", "2", "--long-factor", "2",
+         "--refine-lr-factors", "1", "--refine-beta-factors", "1", "--sweep-seeds", "100", "--seeds", "0", "1", "--backbone-steps", "2", "--steps", "2", "--long-factor", "2",
          "--curve-every", "1", "--train-per-label", "1", "--test-per-label", "1", "--general-train", "8",
          "--general-test", "8", "--general-val", "8", "--max-new-tokens", "4", "--eval-limit", "30",
          "--eval-batch-size", "30", "--jobs", "2"]
@@ -335,7 +599,7 @@ TRAIN_ARGS = ["--train-args", "--logging_steps", "1", "--per_device_train_batch_
 
 
 def run_study(out, *extra, env=None):
-    command = [sys.executable, "-m", "train.study", "--out", str(out), *SHORT, *extra, *TRAIN_ARGS]
+    command = [sys.executable, "-m", "study", "--out", str(out), *SHORT, *extra, *TRAIN_ARGS]
     return forked_python.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 
@@ -345,7 +609,7 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     result = run_study(out)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "study.json").read_text())
-    assert report["protocol"] == "tuned" and report["format"] == 2 and report["methods"] == ["nca_p"]
+    assert report["protocol"] == "tuned" and report["format"] == 3 and report["methods"] == ["nca_p"]
     assert report["seeds"] == [0, 1] and report["budgets"] == {"1x": 2, "2x": 4} and report["curve_steps"] == [1, 2, 3, 4]
     assert {"torch", "cpu_capability", "threads", "blas"} <= set(report["platform"])
     assert report["platform"]["threads"] == "1"
@@ -372,8 +636,8 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     assert all(kept in [p["point"] for p in points] for kept in report["sweep"]["nca_p"]["kept"].values())
     assert report["backbone_val"]["n_general"] == 8 and report["backbone_val"]["n_ics"] >= 1
     for p in points:
-        assert set(p["seeds"]["100"]) == {"1x", "2x"} and set(p["budgets"]["2x"]) == {"ics", "general", "overall",
-                                                                                       "moved"}
+        assert set(p["seeds"]["100"]) == {"1x", "2x", "trained", "wall_seconds"} and p["seeds"]["100"]["trained"]
+        assert set(p["budgets"]["2x"]) == {"ics", "general", "overall", "moved", "keeps_general"}
         assert p["seeds"]["100"]["1x"]["compute_k"] < p["seeds"]["100"]["2x"]["compute_k"]  # NCA-P's logged tokens
     assert (out / "sweep" / "nca_p-lr0.0009-beta0.01-seed100" / "checkpoint-2").is_dir()
     suite = out / "suite" / "sweep" / "nca_p-lr0.0009-beta0.01-seed100" / "step4"
@@ -401,7 +665,8 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     for run in (common or {}).values():
         assert set(run["steps"]) == {"2"} and "ics_distr" in run["steps"]["2"]
     summary = report["summary"]["2x"]["nca_p"]["general"]
-    assert set(summary) == {"mean", "std", "n", "low", "high"} and summary["n"] == 2
+    assert set(summary) == {"mean", "median", "std", "n", "low", "high", "interval"} and summary["n"] == 2
+    assert summary["interval"] == "percentile bootstrap" and report["success"]["2x"]["nca_p"]["n"] == 2
     assert report["summary"]["1x"]["nca_p"]["compute_k"]["n"] == 2
     assert (out / "runs" / "nca_p-seed1" / "checkpoint-2" / "model.safetensors").exists()
     assert {r["name"] for r in report["frontier"]} >= {"backbone", "self_moderation", "NCA-P 1x", "NCA-P 2x"}
@@ -415,7 +680,7 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     alt["platform"]["cpu_capability"] = "default"
     alt_path = tmp_path / "alt.json"
     alt_path.write_text(json.dumps(alt))
-    from train.study_tuned import main as tables_main
+    from study.tuned import main as tables_main
 
     tables_main(["tables", str(out / "study.json"), "--alt", str(alt_path)])
 
@@ -434,7 +699,7 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     assert "ics_distr" not in final["runs"]["seed0"]["steps"]["2"]  # the long run does not serve 1x here
     assert checked["summary"]["1x"]["nca_p"]["ics"]["mean"] == final["runs_1x"]["seed0"]["steps"]["2"]["ics"]
     assert "own 2-step runs" in (tmp_path / "check" / "study.md").read_text()
-    from train.study_tuned import compare_runs
+    from study.pins import compare_runs
 
     same = compare_runs(report, checked)
     moved = [path for path, _, _ in same["different"] if not path.startswith("runs_1x.")]  # 1x: another setting
@@ -446,10 +711,17 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     assert "backbone: reusing" in again.stdout and "loading" not in again.stdout
     assert all(f"{name}: reusing" in again.stdout for name in ("nca_p-lr0.0027-beta0.01-seed100", "nca_p-seed1"))
     again_report = json.loads((out / "study.json").read_text())
-    assert again_report["final"] == {"nca_p": {**report["final"]["nca_p"], **{
+
+    def untimed(final: dict) -> dict:  # the same runs, their wall time (this invocation's) left out
+        return {key: {s: {k: v for k, v in r.items() if k != "wall_seconds"} for s, r in runs.items()}
+                if key.startswith("runs") else runs for key, runs in final.items()}
+
+    assert untimed(again_report["final"]["nca_p"]) == untimed({**report["final"]["nca_p"], **{
         key: {s: {**r, "trained": False} for s, r in runs.items()} for key, runs in report["final"]["nca_p"].items()
-        if key.startswith("runs")}}}
+        if key.startswith("runs")}})
     assert again_report["final_runs"] == {"trained": 0, "all": report["final_runs"]["all"]}
+    assert again_report["sweep_runs"] == {"trained": 0, "all": report["sweep_runs"]["all"]} == {"trained": 0, "all": 2}
+    assert report["sweep_runs"]["trained"] == 2 and set(report["phases"]) == {"backbone", "sweep", "final"}
 
     # the machine's own CPU dispatch does not reach the study (the pins): under another capability it is the same
     # platform and reuses everything
@@ -465,14 +737,14 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     config.write_text(kept)
     for refused in (run_study(out, "--lr-factors", "1"), other_pins):
         assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [error]
-    quick = forked_python.run([sys.executable, "-m", "train.study", "--out", str(out), "--seeds", "0"], cwd=ROOT,
+    quick = forked_python.run([sys.executable, "-m", "study", "--out", str(out), "--seeds", "0"], cwd=ROOT,
                            capture_output=True, text=True)
     assert quick.returncode == 2 and quick.stderr.strip().splitlines() == [error]
 
 
 def test_publish_puts_the_study_on_the_page(tmp_path):
     from cli.errors import InputError
-    from train.study_tuned import PAGE_BEGIN, PAGE_END, PENDING, page_block, publish
+    from study.publish import PAGE_BEGIN, PAGE_END, PENDING, page_block, publish
 
     study, docs = tmp_path / "study", tmp_path / "docs"
     study.mkdir()
@@ -503,7 +775,7 @@ def test_publish_puts_the_study_on_the_page(tmp_path):
 def test_the_page_shows_what_the_study_wrote():
     """docs/study.md's results block is the published study's tables exactly (nothing typed by hand), or the note
     that the protocol has not run yet where no study of this layout is published."""
-    from train.study_tuned import PAGE_BEGIN, PAGE_END, page_block, read_study
+    from study.publish import PAGE_BEGIN, PAGE_END, page_block, read_study
 
     text = (ROOT / "docs" / "study.md").read_text()
     block = text.split(PAGE_BEGIN)[1].split(PAGE_END)[0].strip()
@@ -514,7 +786,7 @@ def test_the_page_shows_what_the_study_wrote():
 def test_compare_counts_the_values_two_studies_share():
     """The cross-machine check's count on the issue-33 study: its backbone and two seed-0 runs hold 110 values (the
     count a second machine reproduced 108 of), each compared bit for bit; a value that moved is named."""
-    from train.study_tuned import compare_runs
+    from study.pins import compare_runs
 
     recorded = json.loads((ROOT / "docs" / "study_tuned_issue33.json").read_text())
     subset = json.loads(json.dumps(recorded))

@@ -45,6 +45,9 @@ class SpyTuneArguments:
                                                                           "are added (data_prep/synthetic.py)."})
     resume_with_new_settings: bool = field(default=False, metadata={
         "help": "Resume from a checkpoint trained with other settings or data (refused without it; train/resume.py)."})
+    base_with_other_data: bool = field(default=False, metadata={
+        "help": "Train a model folder this project trained (its training_data.json) on other data than its own "
+                "(refused without it; train/resume.py)."})
 
 
 def run(main) -> None:
@@ -298,8 +301,9 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
     if problem:
         fail("output_dir", f"{out} {problem}")
     from store import locks
-    from train.resume import check_resume
+    from train.resume import check_base_data, check_resume
 
+    check_base_data(script_args, model_args, fail)
     check_resume(script_args, training_args, model_args, resume_checkpoint(training_args), fail)
     if not any(out.glob("checkpoint-*")):  # a run's checkpoints make it that run's folder (resumed, or copied)
         from store.runs import claim_folder

@@ -215,25 +215,29 @@ def measured_rounds(report: dict, method: str = "grpo") -> float | None:
 
 
 def study_plan(data: Path, model: Path, recipes: Path, methods: list[str], sample: int | None = None,
-               overrides: list[str] = (), rounds: float = 1.0) -> dict:
+               overrides: list[str] = (), rounds: float = 1.0, kinds: dict | None = None) -> dict:
     """method -> its recipe's planned step (`step_plan`) on this data with this model's processor (`sample` cases
-    of each method measured), and GRPO's ratio to DPO's compute per step at `rounds` generation rounds (DPO is
-    measured for it where GRPO runs without it). `overrides`: the runs' extra `--key value` arguments (the study's
-    --train-args), applied to the recipes where they set PLANNED_KEYS."""
+    of each method measured), and each GRPO recipe's ratio to DPO's compute per step at `rounds` generation rounds
+    (DPO is measured for it where the GRPOs run without it). `overrides`: the runs' extra `--key value` arguments
+    (the study's --train-args), applied to the recipes where they set PLANNED_KEYS. `kinds`: method -> the method
+    its recipe trains as (recipes/study/grpo_guided.yaml: grpo), the method itself where not named."""
     from transformers import AutoProcessor
 
     from cli import strict_yaml
 
+    kinds = kinds or {}
     processor = AutoProcessor.from_pretrained(model)
     plans, measured = {}, {}
-    for method in dict.fromkeys([*methods, "dpo"] if "grpo" in methods else methods):
+    online = [m for m in methods if kinds.get(m, m) == "grpo"]
+    for method in dict.fromkeys([*methods, "dpo"] if online else methods):
+        kind = kinds.get(method, method)
         recipe = strict_yaml.load(Path(recipes) / f"{method}.yaml")
         recipe.update({key[2:]: PLANNED_KEYS[key[2:]](value) for key, value in zip(overrides, overrides[1:])
                        if key.startswith("--") and key[2:] in PLANNED_KEYS})
-        key = ("dpo" if method == "nca" else method, recipe.get("general_fraction", 0.0))  # NCA trains DPO's pairs
+        key = ("dpo" if kind == "nca" else kind, recipe.get("general_fraction", 0.0))  # NCA trains DPO's pairs
         if key not in measured:
             measured[key] = mean_case_tokens(key[0], data, processor, key[1], sample)
-        plans[method] = step_plan(method, recipe, measured[key], rounds)
-    if "grpo" in plans and "dpo" in plans:
-        plans["grpo"]["ratio_to_dpo"] = plans["grpo"]["compute"] / plans["dpo"]["compute"]
+        plans[method] = step_plan(kind, recipe, measured[key], rounds)
+    for method in online:
+        plans[method]["ratio_to_dpo"] = plans[method]["compute"] / plans["dpo"]["compute"]
     return plans

@@ -105,7 +105,9 @@ def start(script: str, model: Path, data: Path, out: Path, steps: int | None, lo
     (out.parent / "logs").mkdir(parents=True, exist_ok=True)
     log_path = out.parent / "logs" / f"{out.name}.log"
     with open(log_path, "w") as log_file:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+        # in the demo's own folder: a relative --out names the same folder for the stage (its script, recipe and
+        # launch config are named by absolute paths)
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
     return {"process": process, "log_path": log_path, "name": out.name, "steps": steps}
 
 

@@ -9,6 +9,11 @@ ExportableState), so they are written in the same file, at the same moment, as t
   removed when training starts); a named checkpoint that is not complete is refused;
 * a resume whose settings or data differ from the checkpoint's is refused, naming every setting that differs
   (each with both values), unless `--resume_with_new_settings true` says it is meant.
+
+The same digests, beside the model: every run writes `training_data.json` into its output folder when training starts
+(the sha256 of each data file, no paths), and a run whose base model (`model_name_or_path`) is such a folder is
+refused when its `train_data_path` holds other data than that model was trained on, unless `--base_with_other_data
+true` says it is meant: a chained recipe (the demo's GRPO from its SFT) never trains on a stale copy by mistake.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from cli.errors import InputError, read_json
 from losses.checkpointing import is_complete_checkpoint, last_complete_checkpoint
 
 # Arguments that do not change what is trained: where and how often it is written, logged, evaluated or published.
-IGNORED = {"output_dir", "run_name", "resume_from_checkpoint", "resume_with_new_settings", "overwrite_output_dir",
+IGNORED = {"output_dir", "run_name", "resume_from_checkpoint", "resume_with_new_settings", "base_with_other_data",
+           "overwrite_output_dir",
            "report_to", "disable_tqdm", "log_level", "log_level_replica", "log_on_each_node", "dataset_name",
            "local_rank", "ddp_timeout", "per_device_eval_batch_size", "prediction_loss_only", "project",
            "greater_is_better", "metric_for_best_model", "load_best_model_at_end", "restore_callback_states_from_checkpoint"}
@@ -35,6 +41,7 @@ KEPT = {"dataloader_drop_last"}  # under an ignored prefix, but it changes which
 # Data files: compared by content (sha256), not by path, so a moved copy of the same data resumes.
 DATA_FILES = ("train_data_path", "label_path", "categories", "general_data_path")
 STATE_KEY = "RunSettings"
+DATA_RECORD = "training_data.json"  # in every output folder: the digests of the data the model there is trained on
 
 
 def _as_dict(config) -> dict:
@@ -127,6 +134,26 @@ def check_resume(script_args, training_args, model_args, resume, fail) -> str | 
     return checkpoint
 
 
+def data_record(settings: dict) -> dict:
+    """What `training_data.json` holds: the data files' digests of the run's settings (never a path)."""
+    return {name: value for name, value in settings.items() if name.endswith("(sha256)")}
+
+
+def check_base_data(script_args, model_args, fail) -> None:
+    """A base model this project trained (a folder with training_data.json) goes on training on its own data only,
+    unless base_with_other_data says otherwise; a Hub model or a folder without the record is not checked."""
+    record = Path(model_args.model_name_or_path) / DATA_RECORD
+    if script_args.base_with_other_data or not record.is_file():
+        return
+    recorded = read_json(record)
+    trained_on = recorded.get("train_data_path (sha256)") if isinstance(recorded, dict) else None
+    now = _sha256(script_args.train_data_path)  # None: a missing file, which the data checks report
+    if now is not None and trained_on is not None and now != trained_on:
+        fail("train_data_path", f"{script_args.train_data_path} is not the data {model_args.model_name_or_path} was "
+                                f"trained on (another sha256 than its {DATA_RECORD}); give that model's data, or "
+                                "--base_with_other_data true to train it on other data")
+
+
 class RunSettings(TrainerCallback, ExportableState):
     """The run's settings, saved by the Trainer in every checkpoint's trainer_state.json."""
 
@@ -141,3 +168,7 @@ class RunSettings(TrainerCallback, ExportableState):
         state.stateful_callbacks.setdefault(STATE_KEY, self.state())
         if isinstance(state.stateful_callbacks[STATE_KEY], dict):
             state.stateful_callbacks[STATE_KEY] = self.state()  # the settings now in force
+        if state.is_world_process_zero:  # all input is checked: the folder's model is trained on this data
+            from store.runs import write_json
+
+            write_json(Path(args.output_dir) / DATA_RECORD, data_record(self.settings))

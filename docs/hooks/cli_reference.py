@@ -51,10 +51,12 @@ def commands() -> list[tuple[str, list[str], object]]:
     from eval.__main__ import COMMANDS
 
     found = [(f"python -m eval {name}", [name], ("eval", name)) for name in COMMANDS]
-    for package in ("data_prep", "train", "launch"):
+    for package in ("data_prep", "train", "study", "launch"):
         for stem in _main_modules(package):
             if package == "train" and stem in TRL_SCRIPTS or package == "launch":
                 found.append((f"{package}/{stem}.py", [], ("path", str(ROOT / package / f"{stem}.py"))))
+            elif stem == "__main__":  # the package itself: python -m study
+                found.append((f"python -m {package}", [], ("module", package)))
             else:
                 found.append((f"python -m {package}.{stem}", [], ("module", f"{package}.{stem}")))
     return found
