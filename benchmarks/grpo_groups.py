@@ -155,13 +155,14 @@ def table(args) -> None:
     columns = args.columns or COLUMNS
     evals = sorted({k for r in rows for k in r if k.split()[0] in ("val", "test")},
                    key=lambda k: (k.split()[0], int(k.split()[1])))
-    head = ["run", "settings", *columns, *[f"{k}: {m}" for k in evals for m in ("ICS", "general")]]
+    metrics = {"ics": "ICS", "hms": "HMS", "general": "general"} if args.hms else {"ics": "ICS", "general": "general"}
+    head = ["run", "settings", *columns, *[f"{k}: {m}" for k in evals for m in metrics.values()]]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
         settings = " ".join([*([r["recipe"].removeprefix("recipes/study/")] if r.get("recipe", DEFAULT_RECIPE)
                                != DEFAULT_RECIPE else []), *r["train_args"]])
         cells = [r["name"], settings or "recipe", *[_fmt(_value(r, c)) for c in columns]]
-        cells += [_fmt(r[k][m]) if k in r else "–" for k in evals for m in ("ics", "general")]
+        cells += [_fmt(r[k][m]) if k in r else "–" for k in evals for m in metrics]
         print("| " + " | ".join(cells) + " |")
 
 
@@ -202,6 +203,7 @@ def main(argv=None) -> None:
     made.add_argument("--study", default="outputs/study-tuned")
     listed = commands.add_parser("table", help="every run's row")
     listed.add_argument("--runs", nargs="+", help="these runs only, in their file order")
+    listed.add_argument("--hms", action="store_true", help="HMS beside ICS and general accuracy")
     listed.add_argument("--columns", nargs="+", help=f"summary keys (default: {' '.join(COLUMNS)}; `compute N`: k "
                                                      "tokens per step to step N, `x DPO N`: that over DPO's step)")
     args = parser.parse_args(argv)

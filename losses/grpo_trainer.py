@@ -1,11 +1,12 @@
 """TRL's GRPOTrainer for SPY-Tune: tree-packed groups, and a judge failure as a missing reward, never a zero.
 
-Three hooks, the narrowest TRL has for each:
+Four hooks, the narrowest TRL has for each:
 
 - `_get_per_token_logps_and_entropies`, the one function behind every log-prob pass (the policy in the loss, the
   reference, the old policy when `num_iterations > 1` or steps are misaligned): with `packed` (default on for the
   Qwen families) each chunk's groups go through the language model as one prefix and G leaves in one padding-free
   row (losses/grpo_packing.py), each image encoded once. The values equal TRL's unpacked ones (tests/test_grpo.py).
+  Inside a generation round whose passes run after the rounds it answers TRL's old-policy pass with nothing.
 - `_calculate_rewards`: TRL 1.16 turns a reward function's `None` into NaN and sums the weighted functions with
   `nansum`, so a sample with one function missing and another scored gets the missing one as 0; only a sample
   missing *every* function is left out of its group's mean and std (nanmean / nanstd) and given advantage 0. Here a
@@ -17,12 +18,20 @@ Three hooks, the narrowest TRL has for each:
   again on further prompts while groups with spread are missing (at most `dynamic_sampling_max_extra_rounds` times)
   and returns one batch of TRL's size from the rounds (losses/dynamic_sampling.py). The decision is global: every
   process sees every process's rewards (TRL gathers them), keeps the same groups and takes its slice of the same
-  batch, rows generated on another process included, so two processes train on what one process would.
+  batch, rows generated on another process included, so two processes train on what one process would. The spread
+  is measured on `dynamic_sampling_reward` (default the privacy verdict). With `guidance` (losses/guidance.py) each
+  round's groups whose samples all miss the verdict get the item's reference answer in place of one sample, scored
+  by the same reward functions on the process that generated that row and sent to all. With `reference_after_filter`
+  the reference's and the old policy's passes run once, after the rounds, on the kept rows (verl's order): a round
+  runs TRL's code with beta 0 (TRL then skips the reference) and the old-policy pass answered by the hook above.
+- `_compute_loss`: with `guidance: supervised`, the reference answers' NLL (weight `guidance_mu`) beside TRL's loss,
+  read from the loss pass's own log-probabilities.
 
 Every generation batch logs the tokens its generation took, every round included (`generation/prompt_tokens`,
 `generation/completion_tokens`, summed over processes: counted in `_generate`); `num_tokens`, TRL's running count
 of the tokens trained, counts the rows kept (TRL's own count would add every round's); where the signal is
-(`groups/*`: losses/dynamic_sampling.py's group_statistics, per round), and with dynamic sampling `dynamic_sampling/*`.
+(`groups/*`: losses/dynamic_sampling.py's group_statistics, per round), the tokens the reference scored
+(`reference/tokens`, train/compute.py), with dynamic sampling `dynamic_sampling/*` and with guidance `guidance/*`.
 """
 
 from __future__ import annotations
