@@ -5,7 +5,8 @@
 
 Whatever stops a command is said in one line on stderr, with an exit status a script can test:
 
-    2    bad input (InputError: a file, line and field; a key the endpoint refused; a closed stdout / stderr)
+    2    bad input (InputError: a file, line and field; a key the endpoint refused; a closed stdout / stderr; a
+         symbolic link loop met anywhere)
     1    the run stopped (RunStopped: a NaN loss, ...) or the machine failed it (no space left, no permission)
     130  Ctrl-C: "interrupted; the same command resumes" (run files and checkpoints keep what was done)
 
@@ -21,8 +22,10 @@ import sys
 import time
 
 from cli.errors import InputError, RunStopped
+from cli.paths import loop_error
 
 RESUMES = "interrupted; the same command resumes"
+LOOP = "Symlink loop from "
 # What the machine, not the input, did to a write: one line each, never a traceback.
 OS_FAILURES = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
                errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
@@ -129,7 +132,13 @@ def _run_main(main, *args, interrupted: str = RESUMES) -> int:
     except BrokenPipeError:  # `... | head`: the reader has what it wanted
         _silence_stdout()
         return 1
+    except RuntimeError as err:  # Python 3.11's pathlib meeting a symbolic link loop anywhere (cli.paths.real)
+        if not str(err).startswith(LOOP):
+            raise
+        return _failed(f"error: {loop_error(str(err)[len(LOOP):].strip(chr(39)))}", 2)
     except OSError as err:
+        if err.errno == errno.ELOOP:  # opening a path through a symbolic link loop: bad input, one line
+            return _failed(f"error: {loop_error(err.filename or 'a path')}", 2)
         if err.errno not in OS_FAILURES:
             raise
         where = f"{err.filename}: " if err.filename else ""
@@ -146,8 +155,16 @@ def _failed(line: str, status: int, wait: bool = True) -> int:
         if not wait:
             return status
         time.sleep(10)
-    _say(line)
+    from cli.secrets import scrub
+
+    _say(one_line(scrub(line)))  # no key, URL credentials or key parameter in it, whatever raised it
     return status
+
+
+def one_line(text: str) -> str:
+    """`text` on one line: a value it quotes that holds a line break or another control character (a carriage
+    return, a newline, U+2028, ...) shows it escaped, so the error stays one line whatever the input held."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def run_command(main, *args, interrupted: str = RESUMES) -> None:

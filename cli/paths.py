@@ -13,12 +13,31 @@ file are refused); a Hugging Face snapshot's own links into its repository's blo
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path, PurePosixPath
 
 from cli.errors import InputError
 
 ALLOW_ENV = "PRIVACY_ALIGN_ALLOW_OUTSIDE_PATHS"
+
+
+def loop_error(path) -> InputError:
+    """A symbolic link loop met anywhere (an image, --out, a run file, a recorded root): one line, never pathlib's
+    RuntimeError."""
+    return InputError(path, None, None, "is a symbolic link loop (too many levels of symbolic links); refused")
+
+
+def real(path) -> Path:
+    """`path` with every symbolic link resolved (Path.resolve), a loop refused as one line (loop_error)."""
+    try:
+        return Path(path).resolve()
+    except RuntimeError:  # Python 3.11's pathlib: "Symlink loop from ..."
+        raise loop_error(path) from None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise loop_error(path) from None
+        raise
 
 
 def outside_allowed() -> bool:
@@ -59,8 +78,8 @@ def contained(base, path, source=None, where=None, field=None, name=None) -> Pat
     snapshot, in its repository's blob store; unless outside paths are allowed."""
     if outside_allowed():
         return Path(path)
-    real = Path(path).resolve()
-    if any(real.is_relative_to(root) for root in _real_roots(base)):
+    real_path = real(path)
+    if any(real_path.is_relative_to(root) for root in _real_roots(base)):
         return Path(path)
     shown = str(path) if name is None else repr(name)
     raise InputError(source or path, where, field, f"{shown} leads outside {base} through a symbolic link; only "
@@ -70,9 +89,9 @@ def contained(base, path, source=None, where=None, field=None, name=None) -> Pat
 def _real_roots(base) -> list[Path]:
     """Where a path under `base` may really lie: `base` itself, and when `base` is (in) a Hugging Face snapshot,
     `<repo>/snapshots/<revision>/...`, the repository's `blobs/`, which the snapshot's files are links into."""
-    roots = [Path(base).resolve()]
+    roots = [real(base)]
     for start in dict.fromkeys((Path(os.path.abspath(base)), roots[0])):
         snapshot = next((f for f in (start, *start.parents) if f.parent.name == "snapshots"), None)
         if snapshot is not None and (snapshot.parent.parent / "blobs").is_dir():
-            roots.append((snapshot.parent.parent / "blobs").resolve())
+            roots.append(real(snapshot.parent.parent / "blobs"))
     return roots

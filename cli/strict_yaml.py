@@ -16,11 +16,12 @@ types a value of one of them (`bool` wants true or false, never the text "no", w
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Iterable
 
 import yaml
 
-from cli.errors import InputError, read_text
+from cli.errors import InputError, check_data, read_text
 
 MAX_NODES = 200_000  # far above any real config (the default category file: 1,099 nodes, strict_yaml.expanded_size)
 ANY = None  # a schema leaf: any value, checked elsewhere
@@ -69,6 +70,16 @@ def _sequence(loader, node):
     return result
 
 
+def _integer(loader, node):
+    digits = sum(c.isalnum() for c in node.value)  # an integer Python would refuse to convert (a ValueError)
+    limit = sys.get_int_max_str_digits() or 4300
+    if digits > limit:
+        raise InputError(loader.name, node.start_mark.line + 1, None,
+                         f"an integer of more than {limit:,} digits; refused (no number here needs that many)")
+    return loader.construct_yaml_int(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _integer)
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _sequence)
 
@@ -109,7 +120,7 @@ def parse(text: str, path) -> object:
         if expanded_size(node) > MAX_NODES:
             raise InputError(path, node.start_mark.line + 1, None,
                              f"expands to more than {MAX_NODES:,} values (aliases of aliases); refused")
-        return loader.construct_document(node)
+        value = loader.construct_document(node)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         raise InputError(path, mark.line + 1 if mark else None, None,
@@ -118,6 +129,11 @@ def parse(text: str, path) -> object:
         raise InputError(path, None, None, "nested too deeply") from None
     finally:
         loader.dispose()
+    try:  # the reader's refusals (cli.errors.check_data): depth, .nan / .inf, a lone surrogate ("\ud800")
+        check_data(value, line_of=line_of)
+    except ValueError as problem:
+        raise InputError(path, problem.line, problem.field, problem.message) from None
+    return value
 
 
 def load(path) -> object:

@@ -46,6 +46,7 @@ from pathlib import Path
 from cli import strict_yaml
 from cli.entry import ArgumentParser, run_command
 from cli.errors import InputError, read_text
+from cli.paths import real
 from cli.strict_yaml import Map, check_keys
 
 ASSETS = Path(__file__).parent / "assets"
@@ -111,7 +112,7 @@ class CategorySet:
         if not self.is_default():
             message += f": not in the category file {self.source}"
         beside = Path(data_file).parent / "categories.yaml" if data_file is not None else None
-        if beside is not None and beside.is_file() and beside.resolve() != Path(self.source).resolve():
+        if beside is not None and beside.is_file() and real(beside) != real(self.source):
             return message + f"; the data came with {beside}: pass --categories {beside}"
         return message + ("; pass --categories with the file the data was made with" if not self.is_default() else "")
 
@@ -329,7 +330,7 @@ def load_categories(path=None) -> CategorySet:
         stamp = (stat.st_mtime_ns, stat.st_size)  # an edited file is read again
     except OSError:
         stamp = ()  # parse names the problem
-    return _cached(str(path.resolve()), stamp)
+    return _cached(str(real(path)), stamp)  # a loop: one line
 
 
 def as_categories(value=None) -> CategorySet:

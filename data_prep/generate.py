@@ -36,7 +36,6 @@ import argparse
 import hashlib
 import random
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -66,6 +65,7 @@ from data_prep.generate_prompts import (
 from data_prep.spy import draw_other_labels
 from data_prep.spy_bench import build_samples, to_bench_item
 from data_prep.spy_tune import load_items
+from store import writer
 from store.runs import RunFile, check_outputs, claim_folder, write_json, write_text
 from vlm.chat_client import ChatClient, openai_messages
 
@@ -401,9 +401,7 @@ def generate(args) -> int:
         part.append(build_item(out_cats, r, variants, len(part), split, rng))
     texts = out_cats.label2text()
     for image in sorted({r["image"] for r in kept}):
-        target = out / "images" / image
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(images_dir / image, target)
+        writer.copy_file(images_dir / image, out / "images" / image)  # below the claimed --out: no link followed
     if train:
         write_json(out / "train_data.json", {"data_list": train})
     if test:

@@ -36,6 +36,7 @@ from cli.numbers import option
 from data_prep.categories import as_categories
 from data_prep.spy import draw_other_labels
 from data_prep.spy_bench import to_bench_item
+from store import writer
 from store.runs import check_outputs, claim_folder
 
 COLOURS = {
@@ -139,7 +140,8 @@ def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int
         t = texts[label]
         image_id = f"{split}_{n:06d}"
         colour = rng.choice(list(COLOURS))
-        draw_image(rng, colour, image_size).save(out / "images" / split / f"{image_id}.png")
+        with writer.atomic(out / "images" / split / f"{image_id}.png") as f:
+            draw_image(rng, colour, image_size).save(f, format="PNG")
         other_labels = draw_other_labels(rng, label, labels)  # five, as SPY, when the file has them
         conflict, privacy = pools[label]
         privacy_scenarios = [cats.item_scenario(rng.choice(privacy))] if privacy else []
@@ -172,7 +174,8 @@ def make_general(split: str, n: int, seed: int, out: Path, image_size: int = 56)
     for i in range(n):
         colour = rng.choice(list(COLOURS))
         image_path = f"images/general_{split}/{i:06d}.png"
-        draw_image(rng, colour, image_size).save(out / image_path)
+        with writer.atomic(out / image_path) as f:
+            draw_image(rng, colour, image_size).save(f, format="PNG")
         options = [colour, rng.choice([c for c in COLOURS if c != colour])]
         rng.shuffle(options)
         question = questions[i % len(questions)].format(a=options[0], b=options[1])
@@ -182,7 +185,7 @@ def make_general(split: str, n: int, seed: int, out: Path, image_size: int = 56)
 
 
 def write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    writer.write_text(path, json.dumps(obj, indent=1, ensure_ascii=False) + "\n")
 
 
 def build(out, train_per_label: int = 60, test_per_label: int = 2, seed: int = 0, image_size: int = 56,

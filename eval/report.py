@@ -34,8 +34,10 @@ def _save(figure, path) -> Path:
 
     path = Path(path)
     if is_main_process():  # every process of a data-parallel run reaches here; one writes
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=120)
+        from store import writer
+
+        with writer.atomic(path) as f:  # the one writer: no link followed, a temporary of its own
+            figure.savefig(f, dpi=120, format=path.suffix.lstrip(".") or "png")
     return path
 
 

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from cli.entry import ArgumentParser
-from cli.errors import InputError
+from cli.errors import InputError, read_json
 from cli.numbers import int_at_least
 from eval.suite_config import SPY_SETTINGS, load_config
 from store.runs import nonempty, write_json, write_text
@@ -92,7 +92,7 @@ def run_spy(section: dict, judge, model: Model, out: Path) -> dict:
                          **answer_options)
             judge_run(run, judged)
             cli.metrics(judged, metrics_path, categories=categories)
-        results[setting] = json.loads(metrics_path.read_text())
+        results[setting] = read_json(metrics_path)
         selfmod_metrics = folder / "metrics_self_moderation.json"
         if section.get("self_moderation") and not selfmod_metrics.exists():
             selfmod, selfmod_judged = folder / "self_moderation.jsonl", folder / "self_moderation_judged.jsonl"
@@ -101,7 +101,7 @@ def run_spy(section: dict, judge, model: Model, out: Path) -> dict:
             judge_run(selfmod, selfmod_judged, resp_key="resp_3")
             cli.metrics(selfmod_judged, selfmod_metrics, key="eval_3", categories=categories)
         if section.get("self_moderation"):
-            results[f"{setting}_self_moderation"] = json.loads(selfmod_metrics.read_text())
+            results[f"{setting}_self_moderation"] = read_json(selfmod_metrics)
     return results
 
 
@@ -114,7 +114,7 @@ def run_synthetic_general(section: dict, model: Model, out: Path) -> dict:
         options = {k: model.options.get(k) for k in ("max_new_tokens", "dtype") if k in model.options}
         synthetic.run(model.get(), section["data"], section["images"], folder, model.backend,
                       limit=section.get("limit"), options=options)
-    return json.loads((folder / "score.json").read_text())
+    return read_json(folder / "score.json")
 
 
 def run_spatialtrust(section: dict, judge, model: Model, out: Path) -> dict:
@@ -153,7 +153,7 @@ def run_spatialtrust(section: dict, judge, model: Model, out: Path) -> dict:
                 judgments = [j for j in judge_run(client, records, predictions, folder / "judgments.jsonl")]
             write_json(metrics_path, {**compute_metrics(records, predictions, judgments),
                                       "judged": judge != "rule"})
-        results[mode] = json.loads(metrics_path.read_text())
+        results[mode] = read_json(metrics_path)
     return results
 
 
@@ -190,7 +190,7 @@ def run_general(section: dict, model: Model, out: Path) -> dict:
             records = read_run(bench, run_path)
             profiles = getattr(bench, "PROFILES", None)
             write_score(bench.score(records, profiles[0]) if profiles else bench.score(records), score_path)
-        scores[name] = json.loads(score_path.read_text())
+        scores[name] = read_json(score_path)
     return scores
 
 
@@ -221,7 +221,7 @@ def run_geo(section: dict, judge, model: Model, out: Path) -> dict:
                 run = judged
             geo.cmd_metrics(geo.build_parser().parse_args(
                 ["metrics", str(run), "--setting", setting, "--out", str(folder / "metrics"), *files]))
-        (report,) = json.loads(metrics_path.read_text())["files"].values()
+        (report,) = read_json(metrics_path)["files"].values()
         results[setting] = report
     return results
 
@@ -385,7 +385,7 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
     claim_folder(out, "eval suite")  # a folder of the user's files (their README.md, results.json) is refused
     settings = settings_of(config, model)
     previous = out / "suite_settings.json"
-    if previous.exists() and json.loads(previous.read_text()) != json.loads(json.dumps(settings)):
+    if previous.exists() and read_json(previous) != json.loads(json.dumps(settings)):
         raise InputError(out, None, None, f"holds a suite run with other settings ({previous}); use another --out")
     write_json(previous, settings)
     runner = Model(model, config["backend"], config["backend_options"])

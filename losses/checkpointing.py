@@ -8,6 +8,9 @@ DeepSpeed and PEFT checkpoints take other paths and are left to the Trainer.
 
 Saving: safetensors 0.8 writes its files with mode 0600, so colleagues sharing a machine could not read a trained
 model or its checkpoints; every saved folder's weight files get the permissions of any new file (0666 less umask).
+The Trainer pickles its arguments into every saved folder (`torch.save(self.args)`: training_args.bin, which a push
+uploads); it pickles cli.secrets.scrub's copy of them instead (no credential field, no secret, URLs without
+userinfo, query or fragment), the one place that file is written.
 
 The mixin is also where every training run logs its arguments once and says whether it resumes (all our trainers
 use it); it sets our loggers' level by the recipe's `log_level` / `log_level_replica` (cli/log.py).
@@ -20,6 +23,7 @@ import importlib.util
 import json
 import logging
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
@@ -53,7 +57,8 @@ def is_complete_checkpoint(folder) -> bool:
     """The Trainer writes trainer_state.json last (after weights, optimizer, scheduler and RNG states): a checkpoint
     whose state file is missing or torn was cut short by a kill, and resuming from it would crash or mislead."""
     try:
-        return isinstance(read_json(Path(folder) / "trainer_state.json"), dict)
+        # transformers writes NaN where a gradient norm was not finite: a complete state all the same
+        return isinstance(read_json(Path(folder) / "trainer_state.json", finite=False), dict)
     except InputError:
         return False
 
@@ -114,8 +119,27 @@ class HubFormatResumeMixin(FiniteTrainingMixin):
         del loaded
 
     def _save(self, output_dir=None, state_dict=None):
-        super()._save(output_dir, state_dict)
+        with _recorded_arguments(self):
+            super()._save(output_dir, state_dict)
         folder = Path(output_dir or self.args.output_dir)
         if self.args.should_save and folder.is_dir():
             for path in folder.glob("*.safetensors"):
                 os.chmod(path, new_file_mode())
+
+    def _push_from_checkpoint(self, checkpoint_folder):
+        with _recorded_arguments(self):  # it pickles the arguments into output_dir again
+            return super()._push_from_checkpoint(checkpoint_folder)
+
+
+@contextmanager
+def _recorded_arguments(trainer):
+    """While the Trainer writes a saved folder, `trainer.args` is cli.secrets.scrub's copy, which is what
+    `torch.save(self.args)` pickles into training_args.bin; the run's own arguments are back afterwards."""
+    from cli.secrets import scrub
+
+    args = trainer.args
+    trainer.args = scrub(args)
+    try:
+        yield
+    finally:
+        trainer.args = args

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 from cli.errors import InputError
+from store import writer
 from store.processes import is_main_process
 
 _held: dict[str, list] = {}  # lock file -> [fd, count]
@@ -42,9 +43,11 @@ def _holder(path: Path) -> str:
     return f"pid {pid}" if pid.isdigit() else "another process"
 
 
-def acquire(target, what: str = "run file") -> Path | None:
+def acquire(target, what: str = "run file", create: bool = True) -> Path | None:
     """Lock `target` (a file or a folder, which need not exist yet; its parent folder is created) for this process,
-    or raise InputError naming the holder. Returns the lock file (None under a non-main process)."""
+    or raise InputError naming the holder. Returns the lock file (None under a non-main process, or, with
+    `create=False`, when the parent folder does not exist yet: nothing can hold it, and nothing is created before
+    the command has checked its input). The lock file is opened by the one writer (no link followed)."""
     if not is_main_process():
         return None
     path = lock_path(target)
@@ -53,9 +56,10 @@ def acquire(target, what: str = "run file") -> Path | None:
         if key in _held:
             _held[key][1] += 1
             return path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not create and not os.path.isdir(path.parent):
+            return None
         for _ in range(100):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = writer.open_lock(path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -63,7 +67,7 @@ def acquire(target, what: str = "run file") -> Path | None:
                 raise InputError(target, None, None, f"this {what} is in use by {_holder(path)} (another command "
                                  f"writing it); wait for it to finish, or choose another output path") from None
             try:
-                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+                same = os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino
             except FileNotFoundError:
                 same = False
             if same:
@@ -86,10 +90,7 @@ def release(target) -> None:
         if entry[1] > 0:
             return
         del _held[key]
-        try:
-            os.unlink(key)
-        except OSError:
-            pass
+        _unlink_own(key, entry[0])
         os.close(entry[0])
 
 
@@ -97,12 +98,18 @@ def release(target) -> None:
 def _release_all() -> None:
     with _mutex:
         for key, (fd, _) in list(_held.items()):
-            try:
-                os.unlink(key)
-            except OSError:
-                pass
+            _unlink_own(key, fd)
             os.close(fd)
         _held.clear()
+
+
+def _unlink_own(key: str, fd: int) -> None:
+    """Remove the lock file only if it is still the one we hold (never a file put in its place)."""
+    try:
+        if os.stat(key, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+            os.unlink(key)
+    except OSError:
+        pass
 
 
 class Held:

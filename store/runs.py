@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from cli import secrets
-from cli.errors import InputError, new_file_mode, parse_json, read_text, unwritable
-from store import locks
+from cli.errors import InputError, check_types, parse_json, read_text, unwritable
+from cli.paths import real
+from store import locks, writer
 from store.processes import is_main_process
 
 logger = logging.getLogger(__name__)
@@ -35,9 +34,10 @@ HEADER = "run_header"  # the first line of a run file, `{"run_header": {...}}`: 
 DESCRIPTIVE = ("images",)
 
 
-def _parse_lines(path, lines, required: Iterable[str] = (), first: int = 1, numbers: list | None = None):
+def _parse_lines(path, lines, required: Iterable[str] = (), first: int = 1, numbers: list | None = None,
+                 types: dict | None = None):
     """(header or None, records) of JSON Lines text lines; a bad line raises InputError. `numbers`, when given,
-    receives each record's line number."""
+    receives each record's line number; `types` (cli.errors.check_types) the kinds of the records' fields."""
     header, records = None, []
     for lineno, line in enumerate(lines, first):
         if not line.strip():
@@ -51,26 +51,29 @@ def _parse_lines(path, lines, required: Iterable[str] = (), first: int = 1, numb
         for field in required:
             if field not in record:
                 raise InputError(path, lineno, field, "missing field")
+        if types:
+            check_types(path, lineno, record, types)
         records.append(record)
         if numbers is not None:
             numbers.append(lineno)
     return header, records
 
 
-def read_jsonl(path, required: Iterable[str] = ()) -> list[dict]:
+def read_jsonl(path, required: Iterable[str] = (), types: dict | None = None) -> list[dict]:
     """Every object of a JSON Lines file (a run file's header line left out); a bad line, a missing
-    required field or bytes that are not UTF-8 raise InputError."""
-    return _parse_lines(path, read_text(path).split("\n"), required)[1]
+    required field, a field not of its kind in `types` (cli.errors.check_types) or bytes that are not UTF-8 raise
+    InputError."""
+    return _parse_lines(path, read_text(path).split("\n"), required, types=types)[1]
 
 
-def read_run(path, required: Iterable[str] = (), made_by: Iterable[str] = ()
+def read_run(path, required: Iterable[str] = (), made_by: Iterable[str] = (), types: dict | None = None
              ) -> tuple[dict | None, list[tuple[int, dict]]]:
     """(header or None, [(line number, record), ...]) of a run file that a step reads: the numbers are the file's
     own lines (the header line and blank lines counted), as an error message names them. With `made_by`, a file
     whose header names another step (a SPY run given to a GeoPrivacy judge) is refused. A file without a header
     (written before headers, or released by the authors) is left to the caller's checks of its records."""
     numbers: list[int] = []
-    header, records = _parse_lines(path, read_text(path).split("\n"), required, numbers=numbers)
+    header, records = _parse_lines(path, read_text(path).split("\n"), required, numbers=numbers, types=types)
     made_by = tuple(made_by)
     if made_by and header is not None and header.get("step") not in made_by:
         raise InputError(path, 1, "run_header.step", f"this file was made by {header.get('step')!r}; this command "
@@ -79,25 +82,12 @@ def read_run(path, required: Iterable[str] = (), made_by: Iterable[str] = ()
 
 
 def write_text(path, text: str) -> None:
-    """Write a text file atomically (temporary file + rename): readers see the old file or the new one.
-    The file gets the permissions of any newly created file (0666 less the umask), not mkstemp's 0600. Every
-    secret the process knows is redacted first (cli.secrets): no key reaches a file through here."""
+    """Write a text file atomically through the one writer (store/writer.py: no link followed, a temporary of its
+    own, then a rename): readers see the old file or the new one. Every secret the process knows is redacted first
+    (cli.secrets): no key reaches a file through here."""
     if not is_main_process():
         return
-    text = secrets.redact(text)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, new_file_mode())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    writer.write_text(path, secrets.redact(text))
 
 
 def write_json(path, obj) -> None:
@@ -137,6 +127,7 @@ class RunFile:
         self._restart = header is not None  # write a fresh file (header line) before the first append
         self._cut: int | None = None  # byte length to truncate to (a torn tail) before the first append
         self._newline = False  # the last line is whole but lacks its newline: add it before appending
+        writer.check_output(self.path)  # a link where the run file goes, a FIFO, a loop: one line, before any work
         if self.path.exists():
             self._load(new_run)
         self._locked = False
@@ -156,6 +147,11 @@ class RunFile:
 
     def _load(self, new_run: bool) -> None:
         text = read_text(self.path)
+        if not text and not new_run and (self.header is not None or self.check is not None):
+            # every file we write holds a line (a run file its header, a cache its first answer): an empty one is
+            # someone else's, never ours to take over
+            raise InputError(self.path, None, None, "is an empty file that this project did not write; an output "
+                             "never takes over your file: choose another output path (or remove it)")
         complete, _, tail = text.rpartition("\n")
         lines = complete.split("\n") if complete or text.startswith("\n") else []
         numbers: list[int] = []
@@ -248,11 +244,9 @@ class RunFile:
         elif self._restart:
             write_text(self.path, "".join(self._header_lines()))
         elif self._cut is not None:
-            with open(self.path, "r+b") as f:
-                f.truncate(self._cut)
+            writer.truncate(self.path, self._cut)
         elif self._newline:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write("\n")
+            writer.append_text(self.path, "\n")
         self._restart, self._cut, self._newline = False, None, False
 
     def append_many(self, records: Iterable[dict]) -> None:
@@ -263,12 +257,8 @@ class RunFile:
         if not lines or not is_main_process():
             return
         self.lock()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._prepare()
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write("".join(lines))
-            f.flush()
-            os.fsync(f.fileno())
+        writer.append_text(self.path, "".join(lines))
 
     def finalize(self, order: Iterable) -> list[dict]:
         """Rewrite the file atomically with one line per id, in the given id order (ids not listed go last)."""
@@ -287,21 +277,24 @@ class RunFile:
 
 
 def check_outputs(inputs: Iterable, outputs: Iterable, folders: Iterable = ()) -> None:
-    """Refuse (InputError) an output file that is one of the inputs (by resolved path), that is a folder, or
-    that cannot be created (under a file, or in a folder without write permission); `folders` are output
-    folders, checked the same way."""
-    given = {Path(p).resolve(): p for p in inputs if p is not None}
+    """Refuse (InputError) an output file that is one of the inputs (by resolved path), that is a folder, that
+    cannot be created (under a file, or in a folder without write permission), or that would be written through a
+    symbolic link (store.writer.check_output); `folders` are output folders, checked the same way, and claimed as
+    roots of the one writer. A symbolic link loop in any of them is one line."""
+    given = {real(p): p for p in inputs if p is not None}
     written: dict[Path, object] = {}
     for path, is_folder in [*((p, True) for p in folders), *((p, False) for p in outputs)]:
         if path is None:
             continue
         path = Path(path)
-        if path.resolve() in given:
+        resolved = real(path)
+        if resolved in given:
             raise InputError(path, None, None, "is also an input of this command; choose another output path")
-        if path.resolve() in written:  # e.g. --out X --reference-out X, or a report named like the JSON
+        if resolved in written:  # e.g. --out X --reference-out X, or a report named like the JSON
             raise InputError(path, None, None, "is written twice by this command (two of its outputs have this "
                              "path); give them different names")
-        written[path.resolve()] = path
+        written[resolved] = path
+        writer.check_output(path, folder=is_folder)
         if is_folder and path.exists() and not path.is_dir():
             raise InputError(path, None, None, "is a file; the output here is a folder")
         if not is_folder and path.is_dir():
@@ -309,14 +302,16 @@ def check_outputs(inputs: Iterable, outputs: Iterable, folders: Iterable = ()) -
         problem = unwritable(path, is_folder)
         if problem:
             raise InputError(path, None, None, problem)
+        if is_folder:
+            writer.claim_root(path)
 
 
 MARKER = ".privacy-align-output"  # in an output folder: the command that made it, the files our commands wrote there
 
 
 def _marker(folder: Path) -> dict:
-    try:
-        found = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    try:  # through the reader: a FIFO planted as the marker is refused, never opened (it would block)
+        found = parse_json(read_text(folder / MARKER), folder / MARKER)
     except (OSError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}
@@ -330,6 +325,8 @@ def claim_folder(folder, command: str, own: Iterable[str] = (), option: str = "-
     a killed run's folder is still recognised."""
     own = set(own)
     folder = Path(folder)
+    writer.check_output(folder, folder=True)  # a loop: one line
+    writer.claim_root(folder)  # below it, the one writer follows no link
     problem = unwritable(folder, is_folder=True)  # a probe file made and removed: what permission bits miss
     if problem:
         raise InputError(folder, None, None, problem)
@@ -358,6 +355,7 @@ def claim_files(folder, names: Iterable[str], mark: bool = False, option: str = 
     lists what ours wrote), so a user's metrics.md is never overwritten. `mark=True`, just before writing:
     record the names."""
     folder = Path(folder)
+    writer.claim_root(folder)
     marker = _marker(folder)
     written = set(marker.get("files") or ())
     if not mark:
@@ -369,6 +367,19 @@ def claim_files(folder, names: Iterable[str], mark: bool = False, option: str = 
                                  "(or move the file)")
         return
     write_json(folder / MARKER, {**marker, "files": sorted(written | set(names))})
+
+
+def written_files(folder) -> set[str]:
+    """What our commands wrote in `folder`, by the ledger in its marker (claim_files): the only files the one writer
+    may remove there (store.writer.remove)."""
+    return set(_marker(Path(folder)).get("files") or ())
+
+
+def forget_files(folder, names: Iterable[str]) -> None:
+    """Take `names` (removed) off the ledger of `folder`."""
+    marker = _marker(Path(folder))
+    gone = set(names)
+    write_json(Path(folder) / MARKER, {**marker, "files": sorted(set(marker.get("files") or ()) - gone)})
 
 
 def nonempty(text: str) -> str:

@@ -140,7 +140,7 @@ def kept_settings(path, methods: list[str], budgets: list[str] | None = None) ->
 
     if not Path(path).is_file():
         raise InputError(path, None, "--kept-from", "no such file")
-    report = read_json(path)
+    report = read_json(path, finite=False)  # a study.json (ours): json writes NaN where a statistic has none
     sweep = report.get("sweep") if isinstance(report, dict) else None
     kept = {}
     for m in methods:

@@ -80,7 +80,7 @@ def read_study(path) -> dict:
     per-seed values by today's code (results.py's `analyse`); one line naming the file otherwise."""
     from cli.errors import InputError
 
-    report = read_json(path)
+    report = read_json(path, finite=False)  # a study.json (ours): json writes NaN where a statistic has none
     if not isinstance(report, dict) or report.get("format") not in READABLE:
         raise InputError(path, None, "format", f"not a tuned study.json of layout {' or '.join(map(str, READABLE))} "
                          "(issues 40, 47); an earlier study's tables are on docs/study.md, its kept settings still "

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     if args.command == "compare":
-        result = compare_runs(read_json(args.study), read_json(args.other))
+        result = compare_runs(read_json(args.study, finite=False), read_json(args.other, finite=False))  # NaN: ours
         print(f"{result['equal']} of {result['equal'] + len(result['different'])} values bitwise equal"
               + "".join(f"\n  {path}: {x!r} here, {y!r} there" for path, x, y in result["different"]))
         return
@@ -95,7 +95,7 @@ def read_recorded(path) -> dict:
     """A tuned study.json whose runs can be timed (issue 40's layout or later); one line naming the file otherwise."""
     from cli.errors import InputError
 
-    report = read_json(path)
+    report = read_json(path, finite=False)  # a study.json (ours): json writes NaN where a statistic has none
     if not isinstance(report, dict) or report.get("format") not in READABLE:
         raise InputError(path, None, "format", "not a tuned study.json of layout 2 or later: its runs cannot be timed")
     return report

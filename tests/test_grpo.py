@@ -321,7 +321,7 @@ KEY = "sk-i39" + "abcdefghijklmnopqrstuv"  # shaped like a provider key: refused
 BAD_SETTINGS = [  # (id, options after the demo recipe, what the one line says)
     ("name", ("--reward_funcs", "privacy_complience"), "reward_funcs: unknown reward 'privacy_complience' (did you mean"),
     ("weights-count", ("--reward_weights", "1.0"), "reward_weights: 1 weights for 2 rewards"),
-    ("weights-negative", ("--reward_weights", "1.0", "-1"), "reward_weights: expected finite weights >= 0"),
+    ("weights-negative", ("--reward_weights", "1.0", "-1"), "reward_weights: must be >= 0, got -1.0"),
     ("judge-url", ("--judge_base_url", "localhost:8000", "--judge", "gpt-4o"),
      "judge_base_url: expected an http(s):// URL"),
     ("judge-concurrency", ("--judge_concurrency", "0"), "command line: judge_concurrency: must be at least 1, got 0"),
@@ -351,9 +351,9 @@ BAD_SETTINGS = [  # (id, options after the demo recipe, what the one line says)
     # issue 39 item 1: keys never on the command line (they would be saved in every checkpoint and training_args.bin)
     ("key-as-variable", ("--judge_api_key_env", KEY), "command line: --judge_api_key_env: holds a key"),
     ("key-in-url", ("--judge_base_url", "http://judge.example/v1?key=plain-secret-i39"),
-     "command line: --judge_base_url: holds a key"),
+     "command line: --judge_base_url: carries a key parameter"),
     ("credentials-in-url", ("--judge", "gpt-4o", "--judge_base_url", "http://me:plain-secret-i39@judge.example/v1"),
-     "command line: judge_base_url: carries credentials"),
+     "command line: --judge_base_url: carries credentials"),
     ("variable-not-a-name", ("--judge_api_key_env", "my key"), "judge_api_key_env: expected the name of an environment"),
     # issue 39 item 3: the judge cache is a claimed output
     ("cache-is-the-card", ("--judge_cache", "{out}/README.md"), "judge_cache: expected a .jsonl file"),
@@ -453,8 +453,16 @@ def test_dynamic_sampling_settings_are_checked_with_the_others(monkeypatch):
     from train.common import SpyTuneArguments, parse_recipe
     from train.grpo import check_grpo
 
+    monkeypatch.setattr(sys, "argv", ["grpo.py", str(ROOT / "recipes" / "demo" / "grpo.yaml"),
+                                      "--dynamic_sampling_max_extra_rounds", "0"])
+    with pytest.raises(InputError, match="command line: dynamic_sampling_max_extra_rounds: must be at least 1, got 0"):
+        parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)  # the numbers' table (train/ranges.py)
+    monkeypatch.setattr(sys, "argv", ["grpo.py", str(ROOT / "recipes" / "demo" / "grpo.yaml")])
+    _, args, _ = parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)
+    args.dynamic_sampling_max_extra_rounds = 0  # the trainer refuses it too
+    with pytest.raises(ValueError, match="dynamic_sampling_max_extra_rounds: must be >= 1, got 0"):
+        VisionGRPOTrainer(model=None, reward_funcs=[], args=args)
     for overrides, message in [
-            (("--dynamic_sampling_max_extra_rounds", "0"), "dynamic_sampling_max_extra_rounds: must be >= 1, got 0"),
             (("--scale_rewards", "batch"), "scale_rewards: dynamic_sampling needs `group` or `none`"),
             (("--multi_objective_aggregation", "normalize_then_sum"), "multi_objective_aggregation: dynamic_sampling "
                                                                       "needs `sum_then_normalize`"),

@@ -217,7 +217,10 @@ def test_a_variable_a_client_reads_its_key_from_is_redacted(monkeypatch):
 
 def test_geocoder_url_keys_are_redacted():
     url = "https://maps.googleapis.com/maps/api/geocode/json?address=Paris&key=AIzaSecret123&x=1"
-    assert secrets.redact(url) == "https://maps.googleapis.com/maps/api/geocode/json?address=Paris&key=<redacted>&x=1"
+    assert secrets.redact(f"GET {url}") == \
+        "GET https://maps.googleapis.com/maps/api/geocode/json?address=Paris&key=<redacted>&x=1"
+    # a value that is a URL is recorded as scheme://host/path (issue 46: without userinfo, query and fragment)
+    assert secrets.redact(url) == "https://maps.googleapis.com/maps/api/geocode/json"
 
 
 def test_wandb_config_is_redacted(monkeypatch):
@@ -565,7 +568,7 @@ def test_a_json_config_with_a_key_given_twice_is_refused(tmp_path):
 
     path = tmp_path / "label2text.json"
     path.write_text('{"a1": "x", "a1": "y"}')
-    with pytest.raises(InputError, match=r"label2text\.json: a1: appears twice in one object"):
+    with pytest.raises(InputError, match=r"label2text\.json:1: a1: appears twice in one object"):
         read_json(path)
 
 
@@ -618,11 +621,12 @@ def test_a_checkpoint_with_a_deeply_nested_state_is_not_complete(tmp_path):
     assert not is_complete_checkpoint(tmp_path) and recorded_settings(tmp_path) is None
 
 
-@pytest.mark.parametrize("argv, option", [
-    (["--api-key-env", CANARY], "--api-key-env"),
-    (["--base-url=http://127.0.0.1:9/v1?api_key=plain-secret-i39"], "--base-url"),
+@pytest.mark.parametrize("argv, option, problem", [
+    (["--api-key-env", CANARY], "--api-key-env", "holds a key (its value is not shown)"),
+    (["--base-url=http://127.0.0.1:9/v1?api_key=plain-secret-i39"], "--base-url",
+     "carries a key parameter (its value is not shown)"),
 ], ids=["key-as-variable", "key-in-url"])
-def test_a_key_on_any_command_line_is_refused(tmp_path, capsys, argv, option):
+def test_a_key_on_any_command_line_is_refused(tmp_path, capsys, argv, option, problem):
     """Issue 39 item 1, for every command: a key is never a command-line value (every `ps` shows it, and a run
     records its settings); one line naming the option, the key nowhere."""
     from eval.__main__ import main
@@ -631,7 +635,7 @@ def test_a_key_on_any_command_line_is_refused(tmp_path, capsys, argv, option):
     assert main(["spy", "judge", str(tmp_path / "run.jsonl"), "--judge-model", "j", "--out",
                  str(tmp_path / "judged.jsonl"), *argv]) == 2
     err = capsys.readouterr().err
-    assert err == f"error: command line: {option}: holds a key (its value is not shown); a key is never given on " \
+    assert err == f"error: command line: {option}: {problem}; a key is never given on " \
                   "the command line: set it in an environment variable and name that variable instead\n"
     assert not (tmp_path / "judged.jsonl").exists()
 

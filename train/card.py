@@ -221,8 +221,8 @@ def fix_adapter_base(folder, base_model: str) -> None:
 
 # ----------------------------------------------------------------------------------------------- the run
 class CardCallback(TrainerCallback):
-    """Our card (and an adapter's absolute base) in output_dir and each checkpoint, replacing TRL's; the script
-    and model arguments in the W&B run config, the method as its tag."""
+    """Our card (and an adapter's absolute base) in output_dir and each checkpoint, replacing TRL's; the method as
+    the W&B run's tag (its config: RecordedWandbCallback)."""
 
     def __init__(self, method, script_args, training_args, model_args, publish: bool = False):
         self.method, self.script_args, self.training_args, self.model_args = (method, script_args, training_args,
@@ -245,18 +245,8 @@ class CardCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         wandb = sys.modules.get("wandb")  # imported by the Trainer's WandbCallback when it reports there
-        if state.is_world_process_zero and wandb is not None:
-            if wandb.run is not None:  # the WandbCallback (added before us) has started the run
-                import dataclasses
-
-                config = {f"script/{f.name}": getattr(self.script_args, f.name)
-                          for f in dataclasses.fields(self.script_args)}
-                config.update({f"model/{f.name}": getattr(self.model_args, f.name)
-                               for f in dataclasses.fields(self.model_args) if "token" not in f.name})
-                from cli.secrets import redact_obj
-
-                wandb.run.config.update(redact_obj(json.loads(json.dumps(config, default=str))), allow_val_change=True)
-                wandb.run.tags = tuple(sorted({*(wandb.run.tags or ()), self.method}))
+        if state.is_world_process_zero and wandb is not None and wandb.run is not None:
+            wandb.run.tags = tuple(sorted({*(wandb.run.tags or ()), self.method}))  # the run started before us
         self.record_attention(state, kwargs.get("model"))  # the precomputed reference pass has run packed
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -275,12 +265,51 @@ class CardCallback(TrainerCallback):
                     self.write(folder, state, kwargs.get("model"))
 
 
+def _recorded_wandb_callback():
+    """transformers' WandbCallback, made when a run reports to W&B, recording only cli.secrets.scrub's copies."""
+    from transformers.integrations import WandbCallback
+
+    class RecordedWandbCallback(WandbCallback):
+        """What W&B records of a run goes through cli.secrets.scrub, here, where the Trainer hands it over: the
+        training arguments (the run's config and name), the command line W&B saves in the run's metadata, the
+        script and model arguments we add to the config, and the arguments of the model W&B uploads at the end
+        (WANDB_LOG_MODEL)."""
+
+        def __init__(self, script_args, model_args):
+            super().__init__()
+            self.script_args, self.model_args = script_args, model_args
+
+        def setup(self, args, state, model, **kwargs):
+            from cli.secrets import scrub
+
+            argv, sys.argv = sys.argv, scrub(sys.argv)  # wandb.init records sys.argv[1:] as the run's `args`
+            try:
+                super().setup(scrub(args), state, model, **kwargs)
+            finally:
+                sys.argv = argv
+            if state.is_world_process_zero and self._wandb.run is not None:
+                config = {f"script/{name}": value for name, value in vars(scrub(self.script_args)).items()}
+                config.update({f"model/{name}": value for name, value in vars(scrub(self.model_args)).items()})
+                self._wandb.run.config.update(json.loads(json.dumps(config, default=str)), allow_val_change=True)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            from cli.secrets import scrub
+
+            super().on_train_end(scrub(args), state, control, **kwargs)
+
+    return RecordedWandbCallback
+
+
 def attach(trainer, method: str, script_args, training_args, model_args) -> None:
     """Call after building the trainer: our card in every save, and at most one push per run from the Trainer.
 
     `push_to_hub` keeps its meaning (publish at the end, see `publish`); the Trainer itself pushes only with
     `hub_strategy: checkpoint` (its every_save default would upload the full weights at every save, plus a
     "Model save" commit, each with TRL's card)."""
+    callbacks = trainer.callback_handler.callbacks
+    for n, existing in enumerate(callbacks):
+        if type(existing).__name__ == "WandbCallback":  # in its place: the callbacks after it find the run started
+            callbacks[n] = _recorded_wandb_callback()(script_args, model_args)
     callback = CardCallback(method, script_args, training_args, model_args, publish=bool(training_args.push_to_hub))
     if str(training_args.hub_strategy).split(".")[-1].lower() != "checkpoint":
         trainer.args.push_to_hub = False

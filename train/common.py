@@ -14,6 +14,7 @@ from pathlib import Path
 from cli import numbers
 from cli.entry import run_command
 from cli.errors import InputError, unwritable
+from cli.paths import real
 from cli.strict_yaml import did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -73,9 +74,9 @@ def parse_recipe(*dataclass_types):
 
     parser = Parser(dataclass_types, allow_abbrev=False)
     argv = sys.argv[1:]
-    config = {}
+    config, env = {}, {}
     if argv and argv[0].endswith((".yaml", ".yml")):
-        config = _read_recipe(argv[0], parser._actions)
+        config = _read_recipe(argv[0], parser._actions, _mapping_fields(dataclass_types))
         env = config.pop("env", None) or {}
         if not isinstance(env, dict):
             raise InputError(argv[0], None, "env", "expected a mapping of variable: value")
@@ -85,12 +86,13 @@ def parse_recipe(*dataclass_types):
             if SECRET_NAME.search(str(name)):
                 raise InputError(argv[0], env.key_lines.get(name), f"env.{name}", "a key is never read from a file; "
                                  f"set {name} in the environment instead")
-        os.environ.update({key: str(value) for key, value in env.items()})
         parser.set_defaults_with_config(**config)
         argv = argv[1:]
-    from cli.secrets import refuse_on_command_line
+    from cli import secrets
 
-    refuse_on_command_line(argv, key_options=("--hub_token",))  # visible to every `ps`, and saved with the run
+    # before argparse converts (and may echo) a value: visible to every `ps`, and saved with the run
+    secrets.refuse_on_command_line(argv, recorded=True, key_options=tuple(
+        option for option, action in parser._option_string_actions.items() if secrets.is_credential_field(action.dest)))
     values, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = next((arg.split("=")[0] for arg in unknown if arg.startswith("-")), None)
@@ -98,16 +100,42 @@ def parse_recipe(*dataclass_types):
             raise InputError("command line", None, unknown[0], "unexpected argument (the recipe comes first)")
         options = [option.lstrip("-") for option in parser._option_string_actions]
         raise InputError("command line", None, flag, "unknown option" + did_you_mean(flag.lstrip("-"), options, "--"))
-    check_numbers(vars(values))  # before the dataclasses' __post_init__, which divides by some of them
+    _refuse_keys(vars(values), env, sys.argv[1] if env else None)
+    from train.ranges import check_values
+
+    given = {action.dest for action in map(parser._option_string_actions.get, (a.split("=")[0] for a in argv)) if action}
+    nulls = {key for key in [*config, *given] if getattr(values, key, 0) is None}  # `key: null`, `--key null`
+    check_values(vars(values), dataclass_types, _fail, nulls)  # before the dataclasses' __post_init__ divides by some
+    os.environ.update({key: str(value) for key, value in env.items()})  # all checked: the recipe's variables
     try:
         parsed = parser.parse_args_into_dataclasses(argv)
     except InputError:
         raise
-    except (ValueError, TypeError) as err:  # the dataclasses' own checks, e.g. TrainingArguments.__post_init__
+    except Exception as err:  # noqa: BLE001 - the dataclasses' own checks on the user's values, whatever they raise
+        # (TrainingArguments.__post_init__: ValueError, TypeError; a config path that is not a file: OSError)
         message = " ".join(str(err).split())
+        if not isinstance(err, (ValueError, TypeError)):
+            message = f"{type(err).__name__}: {message}"
         name = _named_option(message, vars(values), argv, config)
         raise InputError(_source(name), None, name, message) from None
     return parsed
+
+
+def _fail(name: str, message: str):
+    raise option_error(name, message)
+
+
+def _refuse_keys(values: dict, env: dict, recipe) -> None:
+    """No key among a run's arguments, however given (cli.secrets.refuse_recorded: a credential field, a value
+    holding a known secret, a URL with credentials, query or fragment), and no key source set by the recipe's
+    `env:`: a variable named as a key source (judge_api_key_env) holds a key, which is never read from a file."""
+    from cli import secrets
+
+    for name, value in values.items():
+        if secrets.KEY_SOURCE.search(name) and isinstance(value, str) and value in env:
+            raise InputError(recipe, env.key_lines.get(value), f"env.{value}", f"holds a key ({name} names it); "
+                             f"a key is never read from a file: set {value} in the environment instead")
+    secrets.refuse_recorded(values, _source)
 
 
 def _named_option(message: str, options, argv: list[str], config: dict) -> str | None:
@@ -147,7 +175,21 @@ def _recipe_schema(actions) -> dict:
     return schema
 
 
-def _read_recipe(path, actions) -> dict:
+def _mapping_fields(dataclass_types) -> set[str]:
+    """The fields whose type takes a mapping (`dict | str`: activation_checkpointing_kwargs, model_init_kwargs)."""
+    import dataclasses
+    import typing
+
+    found = set()
+    for config in dataclass_types:
+        hints = typing.get_type_hints(config)
+        for f in dataclasses.fields(config):
+            if any(t is dict or typing.get_origin(t) is dict for t in typing.get_args(hints[f.name]) or [hints[f.name]]):
+                found.add(f.name)
+    return found
+
+
+def _read_recipe(path, actions, mappings: set[str] = frozenset()) -> dict:
     """The recipe's `key: value` pairs, each a known option of the type it takes (`_recipe_schema`); a value
     argparse will not convert (it converts only strings, and YAML has typed the rest) is handed over as text when
     it is not of the option's type, so `max_steps: 1.5` fails as `--max_steps 1.5` does."""
@@ -158,7 +200,7 @@ def _read_recipe(path, actions) -> dict:
     config = strict_yaml.load(path)  # duplicate keys, alias bombs, FIFOs refused, with lines
     if not isinstance(config, dict):
         raise InputError(path, None, None, "expected `key: value` lines (a YAML mapping)")
-    secrets.refuse_in_config(path, config)  # hub_token, a key in env:, a key-shaped value: refused
+    secrets.refuse_in_config(path, config, recorded=True)  # hub_token, a key in env:, a key-shaped value: refused
     for key in list(config):
         line = strict_yaml.line_of(config, key)
         if key == "env":
@@ -172,11 +214,11 @@ def _read_recipe(path, actions) -> dict:
             strict_yaml.check(path, value, schema[key], key, line)
         if isinstance(value, list) and action.type is str:
             config[key] = [str(item) for item in value]  # as the command line gives them
-        kind = getattr(action.type, "__name__", None)
-        if value is None or action.nargs not in (None, "?") or kind not in _ACCEPTS or _ACCEPTS[kind](value):
+        kind = getattr(action.type, "__name__", None)  # other converters (choices, enums, config classes) take text
+        if value is None or action.nargs not in (None, "?") or _ACCEPTS.get(kind, _ACCEPTS["str"])(value):
             continue
         if isinstance(value, (list, dict)):
-            if kind == "str":  # options typed `dict | str` (activation_checkpointing_kwargs) take a mapping
+            if isinstance(value, dict) and key in mappings:  # typed `dict | str` (activation_checkpointing_kwargs)
                 continue
             raise InputError(path, line, key, f"expected one value, got a {type(value).__name__}")
         config[key] = str(value)
@@ -199,47 +241,10 @@ def option_error(name: str, message: str) -> InputError:
 def _source(name: str | None = None) -> str:
     """Where an option's value came from: the command line if it sets it, else the recipe."""
     argv = sys.argv[1:]
-    if name and any(arg == f"--{name}" or arg.startswith(f"--{name}=") for arg in argv):
+    spellings = {f"--{name}", f"--{name.replace('_', '-')}"} if name else set()
+    if any(arg.partition("=")[0] in spellings for arg in argv):
         return "command line"
     return argv[0] if argv and argv[0].endswith((".yaml", ".yml")) else "command line"
-
-
-# Recipe options and their ranges (None means unset), checked on every config that has them, on the parsed values
-# before the config dataclasses are built (GRPOConfig's __post_init__ divides by num_generations); every other float
-# option must be finite (cli/numbers.py).
-TRAINING_RULES = {
-    **{name: numbers.POSITIVE for name in (
-        "learning_rate", "num_train_epochs", "beta", "lora_alpha", "adam_epsilon")},
-    **{name: numbers.whole(1) for name in (
-        "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "logging_steps",
-        "save_steps", "eval_steps", "save_total_limit", "max_length", "num_train_samples", "min_pixels", "max_pixels",
-        "lora_r")},
-    **{name: numbers.NON_NEGATIVE for name in ("warmup_steps", "weight_decay", "max_grad_norm")},
-    **{name: numbers.whole(0) for name in ("seed", "dataloader_num_workers")},
-    **{name: numbers.real(0, 1, high_open=True) for name in (
-        "lora_dropout", "adam_beta1", "adam_beta2", "label_smoothing_factor", "label_smoothing")},
-    "warmup_ratio": numbers.FRACTION,
-    # GRPO (TRL's GRPOConfig and losses/grpo_trainer.py's VisionGRPOConfig): sampling, batches and the loss
-    **{name: numbers.whole(2) for name in ("num_generations", "num_generations_eval")},  # a group's advantages
-    **{name: numbers.whole(1) for name in (
-        "max_completion_length", "generation_batch_size", "steps_per_generation", "num_iterations")},
-    "temperature": numbers.POSITIVE, "top_p": numbers.real(0, 1, low_open=True), "top_k": numbers.whole(0),
-    "min_p": numbers.FRACTION, "repetition_penalty": numbers.POSITIVE,
-    **{name: numbers.NON_NEGATIVE for name in ("epsilon", "epsilon_high")}, "delta": numbers.POSITIVE,
-    # GRPO's judge (the chat client's own ranges) and rewards
-    "judge_concurrency": numbers.RULES["concurrency"], "judge_max_retries": numbers.RULES["max_retries"],
-    "judge_timeout": numbers.RULES["timeout"], "max_missing_reward_share": numbers.FRACTION,
-    "general_fraction": numbers.real(0, 1, high_open=True),
-}
-
-
-def check_numbers(values: dict) -> None:
-    """Every option of TRAINING_RULES among `values` (name -> parsed value) inside its range: InputError naming it
-    and where it was given."""
-    for name, rule in TRAINING_RULES.items():
-        value = values.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and rule.problem(value):
-            raise option_error(name, rule.problem(value))
 
 
 def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
@@ -247,8 +252,10 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
     def fail(name, message):
         raise option_error(name, message)
 
-    for config in (script_args, training_args, model_args):  # the ranges: parse_recipe (check_numbers)
+    for config in (script_args, training_args, model_args):  # the ranges: parse_recipe (train/ranges.py)
         numbers.check_finite_fields(config, fail)
+    if not model_args.model_name_or_path:  # TRL types it Optional; a run needs it
+        fail("model_name_or_path", "missing: name the model to train (a Hub id or a model folder)")
     if training_args.max_steps == 0 or training_args.max_steps < -1:
         fail("max_steps", f"must be > 0 (or -1: train num_train_epochs), got {training_args.max_steps}")
     if None not in (script_args.min_pixels, script_args.max_pixels) and script_args.min_pixels > script_args.max_pixels:
@@ -289,13 +296,13 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
         fail("model_name_or_path", f"{model} is not a model folder (no config.json)")
     if not model.exists() and (model.is_absolute() or name.startswith(".") or name.count("/") > 1):  # not a Hub id
         fail("model_name_or_path", f"model folder not found: {model}")
-    out = Path(training_args.output_dir).resolve()
+    out = real(training_args.output_dir)  # a symbolic link loop: one line
     inputs = {"train_data_path": script_args.train_data_path, "eval_data_path": script_args.eval_data_path,
               "label_path": script_args.label_path, "categories": script_args.categories,
               "image_folder": script_args.image_folder,
               "model_name_or_path": model_args.model_name_or_path}
     for name, value in inputs.items():
-        if value and Path(value).resolve() == out:
+        if value and real(value) == out:
             fail("output_dir", f"is the {name} ({value}); an output never overwrites an input")
     problem = unwritable(out, is_folder=True)
     if problem:
@@ -310,7 +317,9 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
 
         # transformers writes README.md, config.json... there: a folder of the user's files is refused
         claim_folder(out, training_command(), option="--output_dir", mark=False)
-    locks.acquire(out, "training output folder")  # held until the process ends: one training run per folder
+    # held until the process ends: one training run per folder. A folder whose parent is still missing is locked
+    # once everything is checked (load_model_and_processor): nothing is created before then
+    locks.acquire(out, "training output folder", create=False)
 
 
 def training_command() -> str:
@@ -329,6 +338,11 @@ def load_model_and_processor(model_args, script_args: SpyTuneArguments, training
     if model_args.use_peft:
         check_lora_targets(model, model_args.lora_target_modules, "lora_target_modules")
         check_lora_targets(model, model_args.lora_modules_to_save, "lora_modules_to_save")
+    from store import locks
+
+    # recipe, data and model checked (every script loads the model last, right before its trainer makes output_dir):
+    # the output folder may be created now, and is locked (a second hold of check_run's lock is free)
+    locks.acquire(real(training_args.output_dir), "training output folder")
     return model, processor
 
 
@@ -422,19 +436,22 @@ def _load_model_and_processor(model_args, script_args: SpyTuneArguments, trainin
     return model, processor
 
 
-def load_datasets(method: str, script_args: SpyTuneArguments, seed: int, general_fraction: float | None = None):
-    """(train, eval or None) datasets of one method; bad input raises InputError naming file, record, field.
-    GRPO: `general_fraction` of the training prompts come from the general-task file."""
+def load_datasets(method: str, script_args: SpyTuneArguments, training_args):
+    """(train, eval or None) datasets of one method; bad input raises InputError naming file, record, field, and so
+    does a batch the training data cannot fill (train/ranges.py check_batches), before the model loads. GRPO:
+    `general_fraction` of the training prompts come from the general-task file."""
     from data_prep.spy_tune import build_dataset
+    from train.ranges import check_batches
 
     def build(path, shuffle, num_samples, **extra):
         return build_dataset(method, path, script_args.image_folder, script_args.add_distractors,
-                             script_args.label_path, shuffle, seed, num_samples, categories=script_args.categories,
-                             **extra)
+                             script_args.label_path, shuffle, training_args.seed, num_samples,
+                             categories=script_args.categories, **extra)
 
     train = build(script_args.train_data_path, script_args.shuffle, script_args.num_train_samples,
                   helpful=script_args.helpful, general_path=script_args.general_data_path,
-                  general_fraction=general_fraction)
+                  general_fraction=getattr(training_args, "general_fraction", None))
+    check_batches(method, len(train), training_args, _fail)
     evaluation = build(script_args.eval_data_path, False, None) if script_args.eval_data_path else None
     return train, evaluation
 

@@ -38,7 +38,7 @@ def main():
     method = METHODS[training_args.loss_type[0]]
     check_run(script_args, training_args, model_args)
     # data, all of it checked before the model loads
-    train_dataset, eval_dataset = load_datasets(method, script_args, training_args.seed)
+    train_dataset, eval_dataset = load_datasets(method, script_args, training_args)
     # model
     model, processor = load_model_and_processor(model_args, script_args, training_args)
     # trainer

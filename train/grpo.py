@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from trl import ModelConfig, get_peft_config  # noqa: E402
 
 from cli.errors import InputError  # noqa: E402
+from cli.paths import real  # noqa: E402
 from cli.secrets import endpoint_problem, variable_problem  # noqa: E402
 from cli.strict_yaml import did_you_mean  # noqa: E402
 from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer, dynamic_sampling_problem  # noqa: E402
@@ -37,7 +38,7 @@ from train.common import (  # noqa: E402
 from train.rewards import JudgeSettings, VerdictJudge, make_reward_funcs  # noqa: E402
 
 # GRPO's options that take one of a few words (TRL 1.16's GRPOConfig; an unknown one failed mid-training). Their
-# numbers have ranges in train/common.py's TRAINING_RULES, checked when the recipe is parsed.
+# numbers have ranges in train/ranges.py's table, checked when the recipe is parsed.
 CHOICES = {
     "loss_type": ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
     "scale_rewards": ("group", "batch", "none"),
@@ -93,7 +94,7 @@ def judge_cache_path(script_args, args: VisionGRPOConfig) -> Path:
     if args.judge_cache:
         if cache.suffix != ".jsonl":
             raise option_error("judge_cache", f"expected a .jsonl file (JSON Lines), got {args.judge_cache!r}")
-        if cache.resolve().parent not in (out.resolve(), out.resolve().parent):
+        if real(cache).parent not in (real(out), real(out).parent):  # a loop: one line
             raise option_error("judge_cache", f"{args.judge_cache} is neither in output_dir ({out}) nor beside it; "
                                               "a judge cache lives with its run")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -118,8 +119,7 @@ def main():
         script_args.categories))
     check_run(script_args, training_args, model_args)
     # data, all of it checked before the model loads
-    train_dataset, eval_dataset = load_datasets("grpo", script_args, training_args.seed,
-                                                general_fraction=training_args.general_fraction)
+    train_dataset, eval_dataset = load_datasets("grpo", script_args, training_args)
     # model
     model, processor = load_model_and_processor(model_args, script_args, training_args)
     # trainer

@@ -71,9 +71,11 @@ def run_settings(script_args, training_args, model_args) -> dict:
 
 
 def _settings(script_args, training_args, model_args) -> dict:
+    from cli.secrets import scrub
+
     settings = {}
-    for config in (script_args, training_args, model_args):
-        for name, value in _as_dict(config).items():
+    for config in (script_args, training_args, model_args):  # as recorded: trainer_state.json holds them
+        for name, value in _as_dict(scrub(config)).items():
             if name not in KEPT and (name in IGNORED or name.startswith(IGNORED_PREFIXES) or name in DATA_FILES
                                      or name == "eval_data_path" or "token" in name):
                 continue
@@ -86,7 +88,7 @@ def _settings(script_args, training_args, model_args) -> dict:
 
 def recorded_settings(checkpoint) -> dict | None:
     try:
-        state = read_json(Path(checkpoint) / "trainer_state.json")
+        state = read_json(Path(checkpoint) / "trainer_state.json", finite=False)  # transformers writes NaN
         return state["stateful_callbacks"][STATE_KEY]["args"]["settings"]
     except (InputError, KeyError, TypeError):
         return None

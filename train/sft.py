@@ -61,7 +61,7 @@ def main():
     script_args, training_args, model_args = parse_recipe(SpyTuneArguments, SFTConfig, ModelConfig)
     check_run(script_args, training_args, model_args)
     # data, all of it checked before the model loads
-    train_dataset, eval_dataset = load_datasets("sft", script_args, training_args.seed)
+    train_dataset, eval_dataset = load_datasets("sft", script_args, training_args)
     # model
     model, processor = load_model_and_processor(model_args, script_args, training_args)
     # trainer

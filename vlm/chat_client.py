@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import random
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from email.utils import parsedate_to_datetime
@@ -67,7 +68,8 @@ def response_text(response) -> str:
     content = getattr(getattr(choices[0], "message", None), "content", None)
     if not isinstance(content, str):
         raise GarbageResponse("the first choice has no text content")
-    return content
+    # JSON's "\ud800" reads as a lone surrogate, which has no UTF-8 form: as U+FFFD, the answer can be stored
+    return re.sub("[\ud800-\udfff]", "\ufffd", content)
 
 
 def is_retryable(err: Exception) -> bool:

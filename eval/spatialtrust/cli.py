@@ -42,9 +42,9 @@ def _load(args, check_images: bool = False) -> list[dict]:
 
 
 def _predictions(path, records) -> list[dict]:
-    from eval.spatialtrust.scoring import validate_predictions
+    from eval.spatialtrust.scoring import PREDICTION_TYPES, validate_predictions
 
-    predictions = read_jsonl(path, required=("image_id",))
+    predictions = read_jsonl(path, required=("image_id",), types=PREDICTION_TYPES)
     validate_predictions(path, predictions, records)
     return predictions
 
@@ -129,7 +129,7 @@ def cmd_judge(args) -> int:
 
 def cmd_score(args) -> int:
     from eval.spatialtrust.report import write_report
-    from eval.spatialtrust.scoring import compute_metrics, validate_judgments
+    from eval.spatialtrust.scoring import JUDGMENT_TYPES, compute_metrics, validate_judgments
 
     stem = Path(args.out).with_suffix("")
     check_outputs([args.data, args.predictions, args.judgments],
@@ -138,7 +138,7 @@ def cmd_score(args) -> int:
     predictions = _predictions(args.predictions, records)
     judgments = []
     if args.judgments:
-        judgments = read_jsonl(args.judgments)
+        judgments = read_jsonl(args.judgments, types=JUDGMENT_TYPES)
         validate_judgments(args.judgments, judgments, records, predictions)
     metrics = compute_metrics(records, predictions, judgments, clip_boxes=args.clip_boxes)
     write_json(args.out, metrics)
@@ -162,8 +162,10 @@ def cmd_report(args) -> int:
     out = Path(args.out)
     check_outputs(args.metrics, [out.with_name(out.name + ".md"), out.with_name(out.name + ".png")])
     runs = {}
+    from eval.spatialtrust.scoring import METRICS_TYPES
+
     for name, path in zip(names, args.metrics):
-        metrics = read_json(path)
+        metrics = read_json(path, types=METRICS_TYPES)  # a list where a count goes: one line
         if not isinstance(metrics, dict):
             raise InputError(path, None, None, "expected a JSON object (a SpatialTrust metrics file)")
         missing = [k for k in ("q1", "q2", "q3", "q4", "q5", "overall") if not isinstance(metrics.get(k), (int, float))]

@@ -22,6 +22,7 @@ from pathlib import Path
 from cli.errors import InputError, check_image, read_text
 from cli.numbers import finite
 from cli.paths import inside
+from store import writer
 from store.runs import read_jsonl, write_jsonl
 
 QIDS = ("q1", "q2", "q3", "q4", "q5")
@@ -341,8 +342,8 @@ def synthetic_record(index: int, rng: random.Random, width: int, height: int, ou
     # The user (primary subject, never a factor) in front, then the laptop edge.
     _draw_person(draw, (width * 0.36, height * 0.38, width * 0.64, height * 1.05), rng, facing=True)
     draw.rectangle((width * 0.3, height * 0.9, width * 0.7, height), fill=(50, 50, 55))
-    (out / "images").mkdir(parents=True, exist_ok=True)
-    image.save(out / "images" / f"{image_id}.png")
+    with writer.atomic(out / "images" / f"{image_id}.png") as f:  # the one writer (store/writer.py)
+        image.save(f, format="PNG")
 
     questions = [{"qid": "q1", "type": "single", "text": QUESTION_TEXT["q1"], "options": {"A": "Yes", "B": "No"},
                   "answer": ["A" if placed else "B"], "evidence": []}]

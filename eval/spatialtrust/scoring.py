@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from cli.errors import InputError
+from cli.errors import InputError, Number, Whole
 from eval.spatialtrust.data import (
     CHOICE_QIDS,
     FREE_QIDS,
@@ -156,6 +156,16 @@ def compute_metrics(data: list[dict], predictions: list[dict], judgments: list[d
 def prediction_digest(pred) -> str:
     """A short fingerprint of one question's prediction: a verdict is only valid for what it judged."""
     return hashlib.sha256(json.dumps(pred, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+# What the readers of predictions and verdicts take each field to be (cli.errors.check_types, as the file is read):
+# a list where an id goes is one line naming the file, line and field, never a TypeError
+PREDICTION_TYPES = {"image_id": str}
+JUDGMENT_TYPES = {"image_id": str, "qid": str, "unsupported": bool, "states_absence": bool, "factors": list}
+# a metrics file (`score --out`), as `report` reads it
+METRICS_TYPES = {**dict.fromkeys(("q1", "q2", "q3", "q4", "q5", "overall"), Number), "n_images": Whole,
+                 "missing_predictions": Whole, **dict.fromkeys(("unparsable", "malformed_boxes", "unjudged"),
+                                                               {"*": Whole})}
 
 
 def validate_judgments(path, judgments: list[dict], data: list[dict], predictions: list[dict] | None = None) -> None:

@@ -294,7 +294,7 @@ def report(metrics_files: list, out_dir, names: list[str] | None = None, metric:
     """A markdown table of the overall scores of one or more metrics files (one row each), an overall bar
     chart and a per-category bar chart of `metric`; returns the table."""
     from eval.report import bar_chart, markdown_table
-    from eval.spy.metrics import SCORES, label_order
+    from eval.spy.metrics import METRICS_TYPES, SCORES, label_order
 
     if metric not in SCORES + ("hms",):
         raise InputError("command line", None, "--metric", f"choose one of {', '.join(SCORES + ('hms',))}")
@@ -308,7 +308,7 @@ def report(metrics_files: list, out_dir, names: list[str] | None = None, metric:
     claim_files(out_dir, [p.name for p in outputs])  # a user's spy_report.md there is refused, not overwritten
     loaded = []
     for path in metrics_files:
-        data = read_json(path)
+        data = read_json(path, types=METRICS_TYPES)  # a list or text where a score goes: one line
         for field in ("total", "hms", "by_label", *SCORES):
             if not isinstance(data, dict) or field not in data:
                 raise InputError(path, None, field, "missing field (expected the output of `spy metrics`)")

@@ -52,12 +52,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from cli.errors import InputError
+from cli.errors import InputError, Number, Whole
 from data_prep.categories import as_categories
 from data_prep.spy import SAFE_LABEL
 
 SCORES = ("accuracy", "abs_accuracy", "ics", "abs_ics", "rta_nonconflict", "ata_nonconflict", "ics_nonconflict",
           "ata_conflict")
+# a metrics file (`spy metrics --out`), as `spy report` reads it (cli.errors.check_types): text where a score goes is
+# one line naming the file and the field, never a ValueError in the chart
+_SCORE_TYPES = dict.fromkeys((*SCORES, "hms"), (Number, type(None)))
+METRICS_TYPES = {"total": Whole, **_SCORE_TYPES, "by_label": {"*": _SCORE_TYPES}}
 PAIR_CLASSES = {("reject", "reject"): "n1", ("respond", "reject"): "n2", ("reject", "respond"): "n3",
                 ("respond", "respond"): "n4"}
 # Our key -> the reference's key, in its output order.

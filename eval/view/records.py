@@ -273,17 +273,17 @@ def spatialtrust_rows(predictions_path, data_path, mode: str = "predictions", im
                       judgments_path=None) -> dict:
     """key -> (item, outcome) per image: gold answers and boxes, the predicted ones, the five question scores."""
     from eval.spatialtrust import data
-    from eval.spatialtrust.scoring import score_image, validate_predictions
+    from eval.spatialtrust.scoring import JUDGMENT_TYPES, PREDICTION_TYPES, score_image, validate_predictions
 
     records = data.load(data_path, image_root=image_root)  # its image paths bounded by cli.paths
-    predictions = read_jsonl(predictions_path, required=("image_id",))
+    predictions = read_jsonl(predictions_path, required=("image_id",), types=PREDICTION_TYPES)
     validate_predictions(predictions_path, predictions, records)
     for line, prediction in data.with_line_numbers(predictions_path, predictions):
         check_prediction(predictions_path, line, prediction)
     by_image = {p["image_id"]: p for p in predictions}
     verdicts = {}
     if judgments_path is not None and Path(judgments_path).is_file():
-        for j in read_jsonl(judgments_path):
+        for j in read_jsonl(judgments_path, types=JUDGMENT_TYPES):
             if not j.get("error"):
                 verdicts.setdefault(j.get("image_id"), {})[j.get("qid")] = j
     rows = {}

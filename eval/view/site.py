@@ -6,12 +6,13 @@ made once and reused by every later build into the same folder."""
 from __future__ import annotations
 
 import hashlib
-import shutil
 from pathlib import Path
 
-from cli.errors import InputError
+from cli.errors import InputError, read_text
+from cli.paths import real
 from eval.view.records import GEO_GRANULARITY, dumps, safe_text
-from store.runs import claim_folder, write_text
+from store import writer
+from store.runs import claim_files, claim_folder, forget_files, write_text, written_files
 
 ASSETS = Path(__file__).parent / "assets"
 CHUNK_ROWS = 2000
@@ -20,8 +21,9 @@ FULL_SIDE = 1600
 
 
 def image_name(path: Path) -> str:
-    stat = path.stat()
-    return hashlib.sha1(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
+    resolved = real(path)  # a loop: one line
+    stat = resolved.stat()
+    return hashlib.sha1(f"{resolved}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
 
 
 WEB_IMAGES = (".jpg", ".jpeg", ".png", ".webp", ".gif")  # shown as they are when not huge
@@ -31,7 +33,8 @@ def prepare_images(path: Path, folder: Path) -> dict:
     """What the site needs of one image, made before the site's folder is touched, so that an image that does not
     decode is refused before anything is written: its thumbnail (JPEG bytes) and the name of its full-size copy,
     the file itself when the browser shows it and it is not huge, else a JPEG at most FULL_SIDE pixels on a side.
-    Both already in `folder` (an earlier build): nothing to make."""
+    Both already in `folder` (an earlier build, checked by the one writer: a link planted under a predictable name
+    is refused, never served): nothing to make."""
     import io
 
     from PIL import Image
@@ -39,7 +42,7 @@ def prepare_images(path: Path, folder: Path) -> dict:
     name = image_name(path)
     thumb, copied, resized = folder / f"{name}_t.jpg", folder / f"{name}{path.suffix.lower()}", folder / f"{name}_f.jpg"
     for full in (copied, resized):
-        if thumb.exists() and full.exists():
+        if writer.is_file(thumb, root=folder.parent) and writer.is_file(full, root=folder.parent):
             return {"thumb": thumb, "full": full}
     try:
         with Image.open(path) as image:
@@ -55,32 +58,23 @@ def prepare_images(path: Path, folder: Path) -> dict:
 
 
 def write_images(made: dict) -> tuple[str, str]:
-    """Write what prepare_images made (the folder is the site's own by now); the (thumbnail, full-size) paths
-    relative to the site."""
+    """Write what prepare_images made through the one writer (the folder is the site's own by now); the
+    (thumbnail, full-size) paths relative to the site."""
     from PIL import Image
 
     thumb, full = made["thumb"], made["full"]
+    root = thumb.parent.parent
     if "thumb_bytes" in made:
-        thumb.parent.mkdir(parents=True, exist_ok=True)
         if full.name.endswith("_f.jpg"):
             with Image.open(made["source"]) as image:
                 copy = image.convert("RGB")
             copy.thumbnail((FULL_SIDE, FULL_SIDE))
-            _save(copy, full)
+            with writer.atomic(full, root=root) as f:
+                copy.save(f, format="JPEG", quality=85)
         else:
-            tmp = full.with_name(f".{full.name}.tmp")
-            shutil.copyfile(made["source"], tmp)
-            tmp.replace(full)
-        tmp = thumb.with_name(f".{thumb.name}.tmp")
-        tmp.write_bytes(made["thumb_bytes"])
-        tmp.replace(thumb)
+            writer.copy_file(made["source"], full, root=root)
+        writer.write_bytes(thumb, made["thumb_bytes"], root=root)
     return f"img/{thumb.name}", f"img/{full.name}"
-
-
-def _save(image, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    image.save(tmp, format="JPEG", quality=85)
-    tmp.replace(path)
 
 
 def category_names(rows: list[dict]) -> dict:
@@ -108,11 +102,11 @@ SITE_FILES = {"index.html", "viewer.js", "viewer.css", "data", "img"}
 
 def _viewer_before_markers(out: Path) -> bool:
     """A viewer written before the marker existed: only our files, and our own script (its first line)."""
-    try:
-        script = (out / "viewer.js").read_text(encoding="utf-8")
+    try:  # through the reader: a FIFO planted as viewer.js is refused, never opened (it would block)
+        script = read_text(out / "viewer.js")
         names = {p.name for p in out.iterdir()}
         data = {p.name for p in (out / "data").iterdir()}
-    except OSError:
+    except (OSError, InputError):
         return False
     ours = (ASSETS / "viewer.js").read_text(encoding="utf-8").split("\n", 1)[0]
     return names <= SITE_FILES and script.split("\n", 1)[0] == ours and all(
@@ -144,15 +138,26 @@ def write_site(rows: list[dict], run_names: list[str], out, title: str = "privac
             "categories": category_names(shown), "sections": list(dict.fromkeys(r["section"] for r in shown)),
             "benches": list(dict.fromkeys(r["bench"] for r in shown))}
     page = (ASSETS / "index.html").read_text(encoding="utf-8").replace("{{title}}", _escape(safe_text(title)))
+    # every file the site writes, checked by the one writer before anything is: a link planted in an earlier build's
+    # folder (data/, img/, a predictable image name) is refused in one line, never followed
+    for name in [*(f"data/{n}" for n in texts), "data/meta.js", "viewer.js", "viewer.css", "index.html"]:
+        writer.check_output(out / name, root=out)
     with tqdm(sources, desc="thumbnails", disable=not progress, mininterval=1.0) as bar:  # closed before an error
         made = [prepare_images(path, out / "img") for path in bar]
+    for m in made:
+        writer.check_output(m["full"], root=out)
+        writer.check_output(m["thumb"], root=out)
     claim_folder(out, COMMAND, own=SITE_FILES if out.is_dir() and _viewer_before_markers(out) else ())
     table = [dict(zip(("thumb", "full"), write_images(m))) for m in made]
+    rows = [f"data/{name}" for name in texts]
+    claim_files(out, rows, mark=True)  # the ledger: the rows files this command wrote, the only ones it may remove
     for name, text in texts.items():
         write_text(out / "data" / name, text)
-    for stale in (out / "data").glob("rows-*.js"):  # a bigger viewer built here before
-        if stale.name not in texts:
-            stale.unlink()
+    ledger = written_files(out)
+    stale = [n for n in sorted(ledger) if n.startswith("data/rows-") and n not in rows]  # a bigger viewer built here
+    for name in stale:
+        writer.remove(out / name, ledger, root=out)
+    forget_files(out, stale)
     write_text(out / "data" / "meta.js", f"VIEWER.setMeta({dumps({**meta, 'images': table})});\n")
     for asset in ("viewer.js", "viewer.css"):
         write_text(out / asset, (ASSETS / asset).read_text(encoding="utf-8"))
