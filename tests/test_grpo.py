@@ -457,6 +457,13 @@ def test_dynamic_sampling_settings_are_checked_with_the_others(monkeypatch):
                                       "--dynamic_sampling_max_extra_rounds", "0"])
     with pytest.raises(InputError, match="command line: dynamic_sampling_max_extra_rounds: must be at least 1, got 0"):
         parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)  # the numbers' table (train/ranges.py)
+    for overrides, message in [(("--dynamic_sampling_anchor_share", "1.5"), "must be in [0, 1], got 1.5"),
+                               (("--dynamic_sampling_min_spread", "-0.1"), "must be >= 0, got -0.1"),
+                               (("--guidance_gamma", "0"), "must be > 0, got 0.0"),
+                               (("--guidance_mu", "-1"), "must be >= 0, got -1.0")]:
+        monkeypatch.setattr(sys, "argv", ["grpo.py", str(ROOT / "recipes" / "demo" / "grpo.yaml"), *overrides])
+        with pytest.raises(InputError, match=re.escape(f"command line: {overrides[0][2:]}: {message}")):
+            parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)
     monkeypatch.setattr(sys, "argv", ["grpo.py", str(ROOT / "recipes" / "demo" / "grpo.yaml")])
     _, args, _ = parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)
     args.dynamic_sampling_max_extra_rounds = 0  # the trainer refuses it too
@@ -468,12 +475,9 @@ def test_dynamic_sampling_settings_are_checked_with_the_others(monkeypatch):
                                                                       "needs `sum_then_normalize`"),
             (("--dynamic_sampling_reward", "helpfulnes"), "dynamic_sampling_reward: 'helpfulnes' is not among the "
                                                           "rewards (privacy_compliance, helpfulness) nor `total`"),
-            (("--dynamic_sampling_anchor_share", "1.5"), "dynamic_sampling_anchor_share: must be in [0, 1], got 1.5"),
-            (("--dynamic_sampling_min_spread", "-0.1"), "dynamic_sampling_min_spread: must be >= 0, got -0.1"),
             (("--guidance", "luffy"), "guidance: unknown value 'luffy'; known: off, group, supervised"),
             (("--guidance", "supervised", "--guidance_gamma", "0.1"), "guidance_gamma: a number > 0 with guidance "
                                                                       "`group`"),
-            (("--guidance", "group", "--guidance_gamma", "0"), "guidance_gamma: a number > 0 with guidance `group`"),
             (("--guidance_mu_decay", "exp"), "guidance_mu_decay: unknown value 'exp'"),
             (("--guidance", "group", "--reward_funcs", "helpfulness", "--reward_weights", "1", "--dynamic_sampling",
               "false"), "guidance: needs the privacy verdict among the rewards"),
