@@ -5,11 +5,19 @@ batch and replaced by groups of further prompts, up to a bound on extra generati
 The maths and the row bookkeeping, as pure functions; losses/grpo_trainer.py drives them from TRL's
 `_generate_and_score_completions` (docs/training/grpo.md, "Dynamic sampling").
 
-- `group_spread`: which groups are zero spread, from the weighted total reward TRL normalises (NaN = missing). The
-  spread is over the rewards present. A group with two or more present rewards, all equal (TRL's own test:
-  `isclose(nanstd, 0)`), is zero spread. A group with fewer than two present rewards is *unscored*, not zero
-  spread: its spread is unknown (the judge failed), so it is kept, and TRL gives its rows advantage 0, as without
-  dynamic sampling; dropping it would quietly select the prompts the judge can judge.
+- `filter_values`: what the filter measures per row: a chosen reward (default the privacy verdict, binary, as DAPO
+  filters on its accuracy: verl's `filter_groups.metric=acc`) on SPY prompts, the weighted total on the general
+  task's (exact match: the verdict does not score them), or the weighted total everywhere (`total`: the filter
+  before issue 45, under which a group whose helpfulness F1 alone varies by 0.01 counted as one with signal).
+- `group_spread`: which groups are zero spread, from those values (NaN = missing). The spread is over the values
+  present. A group with two or more present values, all equal (TRL's own test: `isclose(nanstd, 0)`), or within
+  `min_spread` of each other (max - min, for a continuous reward), is zero spread. A group with fewer than two
+  present values is *unscored*, not zero spread: its spread is unknown (the judge failed), so it is kept, and TRL
+  gives its rows advantage 0, as without dynamic sampling; dropping it would quietly select the prompts the judge
+  can judge.
+- `anchor_groups`: which zero-spread general-task groups are kept anyway (`dynamic_sampling_anchor_share`): all
+  their answers right, advantage 0, their KL term holds the general task near the reference; a function of (seed,
+  step, round) alone, like `refill_indices`.
 - `choose_groups`: the batch, from the rounds drawn: the groups with spread in draw order up to the batch's size;
   when the bound stops the refill short, the rest is padded with the dropped groups in draw order, so the batch
   keeps TRL's fixed size (every process, every step, `per_device_train_batch_size` rows per step).
@@ -36,14 +44,45 @@ BOTH_SIDES = {"mm_token_type_ids": 0, "token_type_ids": 0}
 BATCH_LEVEL = ("num_items_in_batch",)  # recomputed for the batch built (collate_rows' caller)
 
 
-def group_spread(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(zero_spread, unscored), one flag per group of `group_size` consecutive rewards (NaN = missing)."""
+def group_spread(rewards: torch.Tensor, group_size: int, min_spread: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(zero_spread, unscored), one flag per group of `group_size` consecutive values (NaN = missing); with
+    `min_spread` > 0 a group whose present values lie within it (max - min) is zero spread too."""
     grouped = rewards.view(-1, group_size)
     present = (~torch.isnan(grouped)).sum(1)
     unscored = present < 2
     std = nanstd(grouped, dim=1)
-    zero = ~unscored & torch.isclose(std, torch.zeros_like(std))
-    return zero, unscored
+    zero = torch.isclose(std, torch.zeros_like(std))
+    if min_spread > 0:
+        spread = nanmax(grouped, 1) - nanmin(grouped, 1)
+        zero |= spread <= min_spread
+    return ~unscored & zero, unscored
+
+
+def nanmax(values: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.nan_to_num(values, nan=-torch.inf).max(dim).values
+
+
+def nanmin(values: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.nan_to_num(values, nan=torch.inf).min(dim).values
+
+
+def filter_values(rewards: torch.Tensor, total: torch.Tensor, names: list[str], reward: str,
+                  general: torch.Tensor) -> torch.Tensor:
+    """Per row, the value whose spread decides whether its group is kept: reward function `reward`'s on SPY rows
+    and the weighted total `total` on the general task's rows (`general`, a flag per row), or the total everywhere
+    (`reward == "total"`). `rewards`: (rows, functions); NaN = missing."""
+    if reward == "total":
+        return total
+    values = rewards[:, names.index(reward)].clone()
+    values[general] = total[general]
+    return values
+
+
+def anchor_groups(seed: int, step: int, round_: int, count: int, share: float) -> list[bool]:
+    """For the `count` groups of a round: whether a zero-spread general-task group among them is kept as an anchor,
+    each with probability `share`, the same for every process and after a resume."""
+    rng = random.Random(f"dynamic-sampling-anchor/{seed}/{step}/{round_}")
+    return [rng.random() < share for _ in range(count)]
 
 
 def group_statistics(rewards: torch.Tensor, total: torch.Tensor, names: list[str], kinds: list[str],

@@ -261,7 +261,7 @@ def test_every_recipe_parses_and_passes_the_checks(recipe, monkeypatch, tmp_path
     from train.grpo import check_grpo
 
     config = {"sft": SFTConfig, "backbone": SFTConfig, "dpo": VisionDPOConfig, "nca": VisionDPOConfig,
-              "nca_p": NCAPConfig, "grpo": VisionGRPOConfig}[recipe.stem]
+              "nca_p": NCAPConfig, "grpo": VisionGRPOConfig, "grpo_guided": VisionGRPOConfig}[recipe.stem]
     monkeypatch.chdir(tmp_path)
     model = yaml.safe_load(recipe.read_text())["model_name_or_path"]
     if model.startswith("outputs/"):  # a previous stage's output (the study's backbone): a model folder by then
@@ -270,7 +270,7 @@ def test_every_recipe_parses_and_passes_the_checks(recipe, monkeypatch, tmp_path
     # the GPU recipes ask for bf16 and tf32, which TrainingArguments checks against the machine
     monkeypatch.setattr(sys, "argv", ["script.py", str(recipe), "--use_cpu", "true", "--tf32", "false"])
     script_args, training_args, model_args = parse_recipe(SpyTuneArguments, config, ModelConfig)
-    if recipe.stem == "grpo":
+    if config is VisionGRPOConfig:
         check_grpo(script_args, training_args)
     check_run(script_args, training_args, model_args)
     assert training_args.output_dir.startswith("outputs/")

@@ -32,7 +32,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from data_prep.spy_tune import build_dataset
 from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer
-from losses.rewards import answer_match, compliance, general_accuracy_score, helpfulness_score
+from losses.rewards import answer_match, completion_text, compliance, general_accuracy_score, helpfulness_score
 from train import grpo
 from train.rewards import JudgeSettings, VerdictJudge, make_reward_funcs
 from train.tiny_model import FAMILIES
@@ -445,8 +445,8 @@ def test_grpo_reads_a_verdict_as_a_word_and_spy_judge_as_the_reference_does(tmp_
 
 
 def test_dynamic_sampling_settings_are_checked_with_the_others(monkeypatch):
-    """The bound and the normalisations dynamic sampling cannot take: check_grpo's one line (the launch path of the
-    cases above), naming the field; the trainer refuses them too."""
+    """The bound and the normalisations dynamic sampling cannot take, and the filter's and guidance's settings:
+    check_grpo's one line (the launch path of the cases above), naming the field; the trainer refuses them too."""
     from trl import ModelConfig
 
     from cli.errors import InputError
@@ -457,6 +457,13 @@ def test_dynamic_sampling_settings_are_checked_with_the_others(monkeypatch):
                                       "--dynamic_sampling_max_extra_rounds", "0"])
     with pytest.raises(InputError, match="command line: dynamic_sampling_max_extra_rounds: must be at least 1, got 0"):
         parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)  # the numbers' table (train/ranges.py)
+    for overrides, message in [(("--dynamic_sampling_anchor_share", "1.5"), "must be in [0, 1], got 1.5"),
+                               (("--dynamic_sampling_min_spread", "-0.1"), "must be >= 0, got -0.1"),
+                               (("--guidance_gamma", "0"), "must be > 0, got 0.0"),
+                               (("--guidance_mu", "-1"), "must be >= 0, got -1.0")]:
+        monkeypatch.setattr(sys, "argv", ["grpo.py", str(ROOT / "recipes" / "demo" / "grpo.yaml"), *overrides])
+        with pytest.raises(InputError, match=re.escape(f"command line: {overrides[0][2:]}: {message}")):
+            parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)
     monkeypatch.setattr(sys, "argv", ["grpo.py", str(ROOT / "recipes" / "demo" / "grpo.yaml")])
     _, args, _ = parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)
     args.dynamic_sampling_max_extra_rounds = 0  # the trainer refuses it too
@@ -465,13 +472,24 @@ def test_dynamic_sampling_settings_are_checked_with_the_others(monkeypatch):
     for overrides, message in [
             (("--scale_rewards", "batch"), "scale_rewards: dynamic_sampling needs `group` or `none`"),
             (("--multi_objective_aggregation", "normalize_then_sum"), "multi_objective_aggregation: dynamic_sampling "
-                                                                      "needs `sum_then_normalize`")]:
+                                                                      "needs `sum_then_normalize`"),
+            (("--dynamic_sampling_reward", "helpfulnes"), "dynamic_sampling_reward: 'helpfulnes' is not among the "
+                                                          "rewards (privacy_compliance, helpfulness) nor `total`"),
+            (("--guidance", "luffy"), "guidance: unknown value 'luffy'; known: off, group, supervised"),
+            (("--guidance", "supervised", "--guidance_gamma", "0.1"), "guidance_gamma: a number > 0 with guidance "
+                                                                      "`group`"),
+            (("--guidance_mu_decay", "exp"), "guidance_mu_decay: unknown value 'exp'"),
+            (("--guidance", "group", "--reward_funcs", "helpfulness", "--reward_weights", "1", "--dynamic_sampling",
+              "false"), "guidance: needs the privacy verdict among the rewards"),
+            (("--guidance", "group", "--reference_after_filter", "false"), "reference_after_filter: guidance needs it"),
+            (("--guidance", "group", "--dynamic_sampling", "false", "--scale_rewards", "batch"),
+             "scale_rewards: guidance needs `group` or `none`")]:
         monkeypatch.setattr(sys, "argv", ["grpo.py", str(ROOT / "recipes" / "demo" / "grpo.yaml"), *overrides])
         script_args, args, _ = parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)
         with pytest.raises(InputError) as error:
             check_grpo(script_args, args)
         assert message in str(error.value) and "command line" in str(error.value)
-        with pytest.raises(ValueError, match=message.split(":")[0]):
+        with pytest.raises(ValueError, match=re.escape(message.split(":")[0])):
             VisionGRPOTrainer(model=None, reward_funcs=[], args=args)
     monkeypatch.setattr(sys, "argv", ["grpo.py", str(ROOT / "recipes" / "demo" / "grpo.yaml"), "--scale_rewards",
                                       "batch", "--dynamic_sampling", "false"])
@@ -562,7 +580,7 @@ def test_grpo_trains_from_sft_with_the_rule_judge_and_resumes(sft_checkpoint, gr
     assert max((final[k] - trained[k]).abs().max().item() for k in trained) < 1e-6
 
 
-def launch_fixed(data, model, out, config, *overrides):
+def launch_fixed(data, model, out, config, *overrides, answers="mixed"):
     from test_multiprocess import free_port
 
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
@@ -574,7 +592,8 @@ def launch_fixed(data, model, out, config, *overrides):
                "--save_strategy", "no", "--learning_rate", "1e-3", "--warmup_steps", "0", "--num_generations", "4",
                "--max_completion_length", "16", *overrides]
     result = forked_python.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "TRL_EXPERIMENTAL_SILENCE": "1"})
+                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "TRL_EXPERIMENTAL_SILENCE": "1",
+                                 "GRPO_FIXED_ANSWERS": answers})
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((out / "train_metrics.json").read_text())
 
@@ -675,7 +694,8 @@ def capture_rounds(monkeypatch) -> list[dict]:
 
 def assert_rows(batch: dict, rounds: list[dict], groups: list[tuple[int, int]]):
     """The batch holds exactly those groups (round, group) of the rounds, in that order, row by row: prompt and
-    completion tokens, image pixels, advantages and the reference's log-probabilities."""
+    completion tokens, image pixels, advantages, and the reference's log-probabilities where the rounds computed
+    them (`reference_after_filter: false`; after the filter they are computed on the batch itself)."""
     from trl.trainer.utils import split_pixel_values_by_grid
 
     rows = [(r, g * G + k) for r, g in groups for k in range(G)]
@@ -684,7 +704,7 @@ def assert_rows(batch: dict, rounds: list[dict], groups: list[tuple[int, int]]):
     for i, (r, j) in enumerate(rows):
         source, source_images = rounds[r], split_pixel_values_by_grid(rounds[r])
         for ids, mask in (("prompt_ids", "prompt_mask"), ("completion_ids", "completion_mask"),
-                          ("ref_per_token_logps", "completion_mask")):
+                          *[("ref_per_token_logps", "completion_mask")] * ("ref_per_token_logps" in source)):
             assert batch[ids][i][batch[mask][i].bool()].tolist() == source[ids][j][source[mask][j].bool()].tolist()
         assert batch["advantages"][i] == source["advantages"][j]
         assert images["pixel_values"][i].equal(source_images["pixel_values"][j])
@@ -710,7 +730,8 @@ def test_dynamic_sampling_drops_exactly_the_zero_spread_groups(tiny_model_dir, g
 
     calls = []
     trainer, dataset = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path, rewards=[rewards_by_task(calls=calls)],
-                                         num_samples=None, dynamic_sampling=True, dynamic_sampling_max_extra_rounds=6)
+                                         num_samples=None, dynamic_sampling=True, dynamic_sampling_reward="total",
+                                         dynamic_sampling_max_extra_rounds=6)
     rounds = capture_rounds(monkeypatch)
     batch = scored(trainer, general_then_spy(dataset), packed=True)
 
@@ -768,7 +789,7 @@ def test_dynamic_sampling_bound_stops_the_refill(tiny_model_dir, grpo_data, tmp_
     calls = []
     trainer, dataset = make_grpo_trainer(
         tiny_model_dir, grpo_data, tmp_path, rewards=[rewards_by_task(flat=("general", "spy"), calls=calls)],
-        dynamic_sampling=True, dynamic_sampling_max_extra_rounds=2)
+        dynamic_sampling=True, dynamic_sampling_reward="total", dynamic_sampling_max_extra_rounds=2)
     rounds = capture_rounds(monkeypatch)
     batch = scored(trainer, general_then_spy(dataset), packed=True)
     assert len(calls) == len(rounds) == 3
@@ -784,7 +805,8 @@ def test_dynamic_sampling_packed_equals_unpacked(tiny_model_dir, grpo_data, tmp_
     reference's log-probabilities, the advantages, the policy's log-probabilities, the loss and every gradient of
     the packed passes equal the unpacked ones within 1e-5 (float32) on that batch, shuffled as TRL shuffles it."""
     trainer, dataset = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path, rewards=[rewards_by_task()],
-                                         num_samples=None, dynamic_sampling=True, dynamic_sampling_max_extra_rounds=6)
+                                         num_samples=None, dynamic_sampling=True, dynamic_sampling_reward="total",
+                                         dynamic_sampling_max_extra_rounds=6)
     perturb(trainer.model)
     rounds = capture_rounds(monkeypatch)
     rows = general_then_spy(dataset)
@@ -869,7 +891,8 @@ def test_dynamic_sampling_resume_continues_the_same_data_order(tiny_model_dir, g
     def train(out, resume=None):
         calls = []
         trainer, _ = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path / out, rewards=[rewards_by_task(calls=calls)],
-                                       num_samples=None, dynamic_sampling=True, max_steps=4, save_strategy="steps",
+                                       num_samples=None, dynamic_sampling=True, dynamic_sampling_reward="total",
+                                       max_steps=4, save_strategy="steps",
                                        save_steps=2, logging_steps=1, learning_rate=1e-3, seed=7)
         trainer.train(resume_from_checkpoint=resume)
         drawn = {}
@@ -883,3 +906,376 @@ def test_dynamic_sampling_resume_continues_the_same_data_order(tiny_model_dir, g
     resumed = train("resumed", resume=str(tmp_path / "whole" / "out" / "checkpoint-2"))
     assert sorted(resumed) == [2, 3]
     assert resumed[2] == whole[2] and resumed[3] == whole[3]
+
+
+# ---- guided exploration, the filter on the verdict, the reference after the filter (issue 45) -----------------------
+
+REFUSAL, ANSWER = "I'm sorry, but I cannot share that.", "The colour is red."
+
+
+def spy_prompt(dataset, verdict: str) -> int:
+    """The first SPY prompt of a customizable category with that expected verdict."""
+    return next(i for i, r in enumerate(dataset) if r["task"] == "spy" and not r["absolute"]
+                and r["expected_verdict"] == verdict)
+
+
+def answer_with(trainer, monkeypatch, answers):
+    """The policy's sampled answers replaced by known texts (`answers`: a list, or a function of the round's
+    prompts); the sampled token ids stay."""
+    original = trainer._generate
+
+    def known(prompts):
+        out = list(original(prompts))
+        texts = answers(prompts) if callable(answers) else answers
+        out[3] = [[{"role": "assistant", "content": a}] for a in texts]
+        return tuple(out)
+
+    monkeypatch.setattr(trainer, "_generate", known)
+
+
+def completion(batch, i) -> list[int]:
+    return batch["completion_ids"][i][batch["completion_mask"][i].bool()].tolist()
+
+
+def test_guidance_maths():
+    """The pure functions: which groups all miss the verdict (never one with a missing reward, never a general-task
+    one), which row the guide replaces, TRL's per-group advantages, LUFFY's shaping as per-token advantages (its
+    gradient at ratio 1 is f(pi) * A's), the supervised weight's decay, and the guide's record."""
+    from losses.guidance import (
+        group_advantages,
+        guide_record,
+        missed_groups,
+        replaced_row,
+        shaped_advantages,
+        supervised_weight,
+    )
+
+    nan = float("nan")
+    compliance = torch.tensor([0, 0, 0, 0, 0, nan, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0.0])
+    spy = torch.tensor([True] * 12 + [False] * 4)
+    assert missed_groups(compliance, spy, 4).tolist() == [True, False, False, False]
+    assert replaced_row(torch.tensor([0.2, 0.0, 0.5, 0.0])) == 3 and replaced_row(torch.tensor([1.0, 0.1, 2, 3])) == 1
+    totals = torch.tensor([0, 0, 0, 1.0, 1, nan, 0, 2])
+    want = [(-0.25 / 0.5), (-0.25 / 0.5), (-0.25 / 0.5), 0.75 / 0.5, 0, 0, -1, 1]
+    assert group_advantages(totals, 4, scale=True).tolist() == pytest.approx(want, abs=1e-3)
+    assert group_advantages(totals, 4, scale=False).tolist() == pytest.approx([-0.25] * 3 + [0.75, 0, 0, -1, 1])
+
+    logits = torch.randn(5, 7, requires_grad=True)
+    tokens = torch.tensor([1, 3, 0, 6, 2])
+    logps = logits.log_softmax(-1).gather(1, tokens[:, None]).squeeze(1)
+    gamma, advantage = 0.1, 1.7
+    luffy = torch.autograd.grad(-(logps.exp() / (logps.exp() + gamma) * advantage).sum(), logits, retain_graph=True)[0]
+    shaped = shaped_advantages(advantage, logps.detach(), gamma)
+    ratio = (logps - logps.detach()).exp()  # TRL's coef_1 at the first step: 1, with gradient
+    trl = torch.autograd.grad(-(ratio * shaped).sum(), logits)[0]
+    torch.testing.assert_close(trl, luffy, rtol=0, atol=1e-6)
+
+    assert supervised_weight(0.5, "constant", 7, 10) == 0.5
+    assert [supervised_weight(0.5, "linear", s, 5) for s in (0, 2, 4)] == pytest.approx([0.5, 0.25, 0.0])
+    assert [supervised_weight(0.5, "cosine", s, 5) for s in (0, 2, 4)] == pytest.approx([0.5, 0.25, 0.0])
+
+    record = {"completion_ids": torch.tensor([5, 6, 7, 0]), "completion_mask": torch.tensor([1, 1, 1, 0]),
+              "ref_per_token_logps": torch.ones(4), "importance_sampling_ratio": torch.full((4,), 0.5),
+              "mm_token_type_ids": (torch.tensor([0, 1]), torch.zeros(4, dtype=torch.long)),
+              "advantages": torch.tensor(0.3)}
+    guide = guide_record(record, [9, 8], in_loss=False)
+    assert guide["completion_ids"].tolist() == [9, 8] and guide["completion_mask"].tolist() == [1, 1]
+    assert guide["importance_sampling_ratio"].tolist() == [1, 1] and guide["tool_mask"].tolist() == [0, 0]
+    assert guide["mm_token_type_ids"][0].tolist() == [0, 1] and guide["mm_token_type_ids"][1].tolist() == [0, 0]
+
+
+def test_a_group_that_misses_the_verdict_gets_exactly_one_guide(tiny_model_dir, grpo_data, tmp_path, monkeypatch):
+    """A batch built by hand: a refusal-expected group where no sample refuses (every verdict missed), then an
+    answer-expected group with a refusal among its samples (spread). The first gets exactly one guide in place of
+    its lowest-reward sample: the item's reference answer (the refusal) as completion tokens with the end-of-turn
+    token, scored by the same rewards, the one sample with a positive advantage (TRL's formula over the group with
+    the guide). The second is TRL's, row for row. With num_iterations 2 TRL needs the old policy's log-probabilities:
+    the guide's are the policy's, so its importance ratio is 1."""
+    from losses.guidance import group_advantages, guide_completion_ids
+
+    trainer, dataset = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path, general_fraction=0, num_samples=None,
+                                         guidance="group", num_iterations=2, max_completion_length=24)
+    reject, respond = spy_prompt(dataset, "reject"), spy_prompt(dataset, "respond")
+    rows = [dict(dataset[reject])] * G + [dict(dataset[respond])] * G
+    answer_with(trainer, monkeypatch, [ANSWER] * G + ["red", REFUSAL, "It is red.", ANSWER])
+    rounds = capture_rounds(monkeypatch)
+    batch = scored(trainer, rows, packed=True)
+    assert len(rounds) == 1
+    round_ = rounds[0]
+
+    guide = guide_completion_ids(trainer.processing_class, rows[0]["prompt"], rows[0]["answer"],
+                                 trainer.eos_token_ids, 24)
+    assert guide[-1] in trainer.eos_token_ids  # the end-of-turn token that stops a generation
+    assert trainer.processing_class.decode(guide, skip_special_tokens=True).strip() == rows[0]["answer"]
+    changed = [i for i in range(2 * G) if completion(batch, i) != completion(round_, i)]
+    assert changed == [G - 1]  # one guide, in place of the last of equally scored samples
+    assert completion(batch, G - 1) == guide
+    # the guide scores 1 on the verdict (helpfulness 0 where a refusal is expected): the group's advantages
+    assert batch["advantages"][:G].tolist() == pytest.approx(
+        group_advantages(torch.tensor([0.0, 0.0, 0.0, 1.0]), G, scale=True).tolist(), abs=1e-5)
+    assert batch["advantages"][G - 1] > 0 and (batch["advantages"][:G - 1] < 0).all()
+    assert round_["advantages"][:G].abs().max() == 0  # without the guide: no signal at all
+    # the group with spread is untouched
+    assert batch["advantages"][G:].equal(round_["advantages"][G:])
+    assert all(completion(batch, i) == completion(round_, i) for i in range(G, 2 * G))
+    metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    assert metrics["guidance/guided_share"] == metrics["guidance/missed_share"] == 0.5
+    assert metrics["guidance/guide_advantage"] == pytest.approx(float(batch["advantages"][G - 1]))
+    assert metrics["groups/reject_with_refusal"] == 0  # the policy's own samples: no refusal
+
+    # the old policy's log-probabilities, the guide's included, are the policy's (TRL's unpacked pass)
+    trainer.args.packed = False
+    with torch.no_grad():
+        policy = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
+            torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1), batch["completion_ids"].size(1),
+            pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"],
+            num_images=batch["num_images"], mm_token_type_ids=batch["mm_token_type_ids"])[0]
+    torch.testing.assert_close(masked(batch["old_per_token_logps"], batch), masked(policy, batch), rtol=0, atol=TOL)
+
+
+def test_the_filter_on_the_verdict_drops_a_group_whose_f1_alone_varies(tiny_model_dir, grpo_data, tmp_path,
+                                                                        monkeypatch):
+    """Dynamic sampling measured on the privacy verdict (the default): an answer-expected group whose samples all
+    answer, with different wordings (helpfulness F1 alone varies), is dropped and a further prompt drawn; measured on
+    the weighted total (`total`, the filter before), the same group counts as one with signal and is kept. The pure
+    rule too: the general task's rows are measured on their total (exact match), and `min_spread` makes a
+    continuous reward's small differences zero spread."""
+    from losses.dynamic_sampling import filter_values, group_spread
+
+    rewards = torch.tensor([[1, 0.5], [1, 0.9], [1, 0.5], [1, 0.9],   # respond: F1 alone varies
+                            [0, 0.0], [1, 0.0], [0, 0.0], [0, 0.0],   # reject: one refusal
+                            [0, 1.0], [0, 0.0], [0, 1.0], [0, 1.0]])  # general: exact match varies
+    total = rewards.sum(1)
+    general = torch.tensor([False] * 8 + [True] * 4)
+    names = ["privacy_compliance", "helpfulness"]
+    verdict = filter_values(rewards, total, names, "privacy_compliance", general)
+    assert group_spread(verdict, 4)[0].tolist() == [True, False, False]
+    assert group_spread(filter_values(rewards, total, names, "total", general), 4)[0].tolist() == [False] * 3
+    assert group_spread(filter_values(rewards, total, names, "helpfulness", general), 4, 0.5)[0].tolist() == \
+        [True, True, False]
+
+    def trained(reward):
+        trainer, dataset = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path / reward, general_fraction=0,
+                                             num_samples=None, dynamic_sampling=True, dynamic_sampling_reward=reward,
+                                             dynamic_sampling_max_extra_rounds=1, max_completion_length=4)
+        # every round: the first group's samples all answer in other words, the second's hold one refusal
+        answer_with(trainer, monkeypatch, ["red", "The colour is red.", "It is red, I think.", "A red car."]
+                    + [REFUSAL, ANSWER, ANSWER, ANSWER])
+        rows = [dict(dataset[spy_prompt(dataset, "respond")])] * G + [dict(dataset[spy_prompt(dataset, "reject")])] * G
+        rounds = capture_rounds(monkeypatch)
+        batch = scored(trainer, rows, packed=True)
+        return batch, rounds
+
+    batch, rounds = trained("privacy_compliance")
+    assert len(rounds) == 2  # the F1-only group dropped: a further round drawn
+    assert_rows(batch, rounds, [(0, 1), (1, 1)])
+    batch, rounds = trained("total")
+    assert len(rounds) == 1
+    assert_rows(batch, rounds, [(0, 0), (0, 1)])
+
+
+def guide_judge(request):
+    """A judge for guided groups: 'reject' for a refusal (the synthetic refusals say sorry or unable), 'respond'
+    otherwise, and a failure (HTTP 500, no retries) for an answer that reads FAIL."""
+    text = last_user_text(request)
+    if "FAIL" in text:
+        return Reply.error(500)
+    return "reject" if "sorry" in text.lower() or "unable" in text.lower() else "respond"
+
+
+def test_a_group_with_a_missing_reward_is_never_guided(tiny_model_dir, grpo_data, tmp_path, monkeypatch):
+    """Two refusal-expected groups whose samples all answer; in the first the judge fails on one sample (a real
+    local HTTP judge failing on purpose). That group is not guided (its verdicts are not known to all miss): its rows
+    are TRL's, advantage 0; the second gets its guide, judged by the same judge."""
+    with ChatServer(guide_judge) as server:
+        judge = VerdictJudge(JudgeSettings(judge="test-model", base_url=server.base_url, max_retries=0,
+                                           concurrency=2))
+        trainer, dataset = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path, judge=judge, general_fraction=0,
+                                             num_samples=None, max_missing_reward_share=1.0, guidance="group",
+                                             max_completion_length=24)
+        reject = [i for i, r in enumerate(dataset) if r["task"] == "spy" and r["expected_verdict"] == "reject"
+                  and not r["absolute"]]
+        rows = [dict(dataset[reject[0]])] * G + [dict(dataset[reject[1]])] * G
+        answer_with(trainer, monkeypatch, ["FAIL", ANSWER, ANSWER, ANSWER] + [ANSWER] * G)
+        rounds = capture_rounds(monkeypatch)
+        batch = scored(trainer, rows, packed=True)
+    assert [i for i in range(2 * G) if completion(batch, i) != completion(rounds[0], i)] == [2 * G - 1]
+    assert batch["advantages"][:G].abs().max() == 0 and batch["advantages"][2 * G - 1] > 0
+    assert trainer._metrics["train"]["guidance/guided_share"][-1] == 0.5
+    assert trainer._metrics["train"]["guidance/missed_share"][-1] == 0.5  # the group with a failure is not "missed"
+
+
+def test_the_supervised_term_is_the_reference_answers_nll(tiny_model_dir, grpo_data, tmp_path, monkeypatch):
+    """guidance `supervised`: the refusal-expected group whose samples all answer holds the reference answer in
+    place of one sample, out of GRPO's own loss (advantage 0, tool_mask 0), and the loss adds mu times its NLL, the
+    mean per guide token; the loss and every gradient, less those at mu 0, equal mu times a hand-built NLL's (the
+    model's logits on prompt + answer, no packing, no TRL), float32."""
+    trainer, dataset = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path, general_fraction=0, num_samples=None,
+                                         guidance="supervised", guidance_mu=0.5, max_completion_length=24)
+    reject, respond = spy_prompt(dataset, "reject"), spy_prompt(dataset, "respond")
+    rows = [dict(dataset[reject])] * G + [dict(dataset[respond])] * G
+    answer_with(trainer, monkeypatch, [ANSWER] * G + ["red", REFUSAL, "It is red.", ANSWER])
+    batch = scored(trainer, rows, packed=True)
+    guide = G - 1
+    assert batch["supervised_mask"].tolist() == [0, 0, 0, 1, 0, 0, 0, 0]
+    assert (batch["tool_mask"] * batch["completion_mask"])[guide].max() == 0 and batch["advantages"][guide] == 0
+    assert batch["supervised_tokens"] == batch["completion_mask"][guide].sum()
+    assert batch["num_items_in_batch"] == (batch["completion_mask"] * batch["tool_mask"]).sum()
+
+    def loss_and_grads(mu):
+        trainer.args.guidance_mu = mu
+        trainer.model.zero_grad()
+        loss = trainer.compute_loss(trainer.model, dict(batch))
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+    with_term, without = loss_and_grads(0.5), loss_and_grads(0.0)
+
+    from trl.trainer.utils import split_pixel_values_by_grid
+
+    trainer.model.zero_grad()
+    prompt = batch["prompt_ids"][guide][batch["prompt_mask"][guide].bool()]
+    answer = batch["completion_ids"][guide][batch["completion_mask"][guide].bool()]
+    ids = torch.cat([prompt, answer])[None]
+    image = split_pixel_values_by_grid(batch)
+    logits = trainer.model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                           pixel_values=image["pixel_values"][guide], image_grid_thw=image["image_grid_thw"][guide],
+                           mm_token_type_ids=batch["mm_token_type_ids"][guide][
+                               torch.cat([batch["prompt_mask"][guide], batch["completion_mask"][guide]]).bool()][None],
+                           ).logits[0, len(prompt) - 1:-1]
+    nll = 0.5 * torch.nn.functional.cross_entropy(logits.float(), answer)  # mean over the answer's tokens
+    nll.backward()
+    torch.testing.assert_close(with_term[0] - without[0], nll.detach(), rtol=0, atol=TOL)
+    hand = {n: p.grad for n, p in trainer.model.named_parameters() if p.grad is not None}
+    assert any(g.abs().max() > 0 for g in hand.values())
+    for name, grad in hand.items():
+        torch.testing.assert_close(with_term[1][name] - without[1].get(name, 0), grad, rtol=0, atol=TOL, msg=name)
+    assert trainer._metrics["train"]["guidance/supervised_nll"][-1] == pytest.approx(2 * nll.item(), abs=1e-5)
+
+
+def test_the_reference_after_the_filter_equals_the_reference_before_it(tiny_model_dir, grpo_data, tmp_path,
+                                                                       monkeypatch):
+    """The same seed and rounds, the reference's and the old policy's passes (num_iterations 2) run in every round
+    (TRL's order, `reference_after_filter: false`) or once on the kept rows after them: the batch is the same rows
+    and their log-probabilities are equal within 1e-5 (float32); only the kept rows were scored by the reference, and
+    the logged reference tokens say so."""
+    batches, logged = {}, {}
+    for after in (False, True):
+        trainer, dataset = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path / str(after), num_samples=None,
+                                             rewards=[rewards_by_task()], dynamic_sampling=True,
+                                             dynamic_sampling_reward="total", dynamic_sampling_max_extra_rounds=6,
+                                             num_iterations=2, reference_after_filter=after)
+        perturb(trainer.model, seed=1)  # policy != reference
+        rounds = capture_rounds(monkeypatch)
+        batches[after] = scored(trainer, general_then_spy(dataset), packed=True)
+        logged[after] = trainer._metrics["train"]["reference/tokens"][-1]
+        assert len(rounds) > 1
+        assert all(("ref_per_token_logps" in r) != after for r in rounds)  # where the pass ran
+        assert all(("old_per_token_logps" in r) != after for r in rounds)
+    before, after = batches[False], batches[True]
+    for key in ("prompt_ids", "completion_ids", "completion_mask", "advantages"):
+        assert before[key].equal(after[key]), key
+    for key in ("ref_per_token_logps", "old_per_token_logps"):
+        torch.testing.assert_close(masked(after[key], after), masked(before[key], before), rtol=0, atol=TOL)
+    kept = int(after["prompt_mask"].sum() + after["completion_mask"].sum())
+    assert logged[True] == kept < logged[False]
+
+
+@pytest.mark.parametrize("mode", ["group-shaped", "supervised"])
+def test_guidance_packed_equals_unpacked(mode, tiny_model_dir, grpo_data, tmp_path, monkeypatch):
+    """With guidance and dynamic sampling the batch holds guides (rows of another length than their group's samples)
+    from several rounds: the reference's log-probabilities, the advantages (per token under LUFFY's shaping), the
+    policy's log-probabilities, the loss (the supervised term included) and every gradient of the packed passes
+    equal the unpacked ones within 1e-5 (float32), on that batch shuffled as TRL shuffles it."""
+    extra = {"guidance": "group", "guidance_gamma": 0.1} if mode == "group-shaped" else \
+        {"guidance": "supervised", "guidance_mu": 0.5}
+    trainer, dataset = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path, general_fraction=0, num_samples=None,
+                                         dynamic_sampling=True, dynamic_sampling_max_extra_rounds=6,
+                                         max_completion_length=24, **extra)
+    perturb(trainer.model)
+    answer_with(trainer, monkeypatch, lambda prompts: [ANSWER] * len(prompts))  # no refusal anywhere
+    rounds = capture_rounds(monkeypatch)
+    rows = [dict(dataset[spy_prompt(dataset, "respond")])] * G + [dict(dataset[spy_prompt(dataset, "reject")])] * G
+    plain = scored(trainer, rows, False)
+    assert len(rounds) > 1  # the answer-expected group (no spread on the verdict) dropped
+    assert trainer._metrics["train"]["guidance/guided_share"][-1] == 1  # the batch: guided groups
+    packed = scored(trainer, rows, True)
+    assert plain["completion_ids"].equal(packed["completion_ids"]) and plain["prompt_ids"].equal(packed["prompt_ids"])
+    torch.testing.assert_close(masked(packed["ref_per_token_logps"], packed),
+                               masked(plain["ref_per_token_logps"], plain), rtol=0, atol=TOL)
+    assert plain["advantages"].dim() == (2 if mode == "group-shaped" else 1)
+    torch.testing.assert_close(packed["advantages"], plain["advantages"], rtol=0, atol=TOL)
+
+    batch = shuffled_as_trl_does(plain)
+    results = {}
+    for packed_pass in (False, True):
+        trainer.args.packed = packed_pass
+        trainer.model.zero_grad()
+        loss = trainer.compute_loss(trainer.model, dict(batch))
+        loss.backward()
+        results[packed_pass] = (loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters()
+                                                if p.grad is not None})
+    (loss_u, grads_u), (loss_p, grads_p) = results[False], results[True]
+    torch.testing.assert_close(loss_p, loss_u, rtol=0, atol=TOL)
+    assert grads_u.keys() == grads_p.keys() and any(g.abs().max() > 0 for g in grads_u.values())
+    for name in grads_u:
+        torch.testing.assert_close(grads_p[name], grads_u[name], rtol=0, atol=TOL, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("guidance", ["group", "supervised"])
+def test_two_processes_guide_like_one(guidance, tiny_model_dir, grpo_data, tmp_path):
+    """Guidance with two processes (packed) against one (unpacked), on the same fixed rollouts without a refusal:
+    one group per generation batch, split over the two processes, so the guide is built and scored on the process
+    holding the replaced row and sent to the other; the same loss, rewards, KL, guided share (and supervised
+    term) per step, the same weights."""
+    from safetensors.torch import load_file
+
+    a = launch_fixed(grpo_data, tiny_model_dir, tmp_path / "a", "cpu_2proc.yaml", "--per_device_train_batch_size",
+                     "2", "--guidance", guidance, answers="helpful")
+    b = launch_fixed(grpo_data, tiny_model_dir, tmp_path / "b", "cpu.yaml", "--per_device_train_batch_size", "4",
+                     "--packed", "false", "--guidance", guidance, answers="helpful")
+    steps_a, steps_b = ([e for e in h if "loss" in e] for h in (a, b))
+    assert [e["step"] for e in steps_a] == [e["step"] for e in steps_b] == [1, 2]
+    assert all(e["guidance/guided_share"] == 1 for e in steps_a)  # refusal-expected groups, each guided
+    keys = ["loss", "grad_norm", "reward", "kl", "guidance/guided_share", "guidance/missed_share",
+            "dynamic_sampling/extra_rounds", "generation/completion_tokens", "reference/tokens"]
+    keys += ["guidance/supervised_nll"] if guidance == "supervised" else ["guidance/guide_advantage"]
+    for x, y in zip(steps_a, steps_b):
+        for k in keys:
+            assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-5), (x["step"], k)
+    wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-4
+
+
+def test_guidance_resume_continues_the_same_data_order(tiny_model_dir, grpo_data, tmp_path):
+    """Guidance and dynamic sampling, four steps, against two steps resumed from the checkpoint at step 2: steps 3
+    and 4 score the same samples and the same guides in the same rounds (the rule judge, the policy's own samples)."""
+
+    def train(out, resume=None):
+        calls = []
+        verdict, helpfulness = make_reward_funcs(["privacy_compliance", "helpfulness"], VerdictJudge(JudgeSettings()))
+
+        def privacy_compliance(prompts, completions, trainer_state, question, **columns):
+            calls.append((trainer_state.global_step, list(zip(question, map(completion_text, completions)))))
+            return verdict(prompts, completions, question=question, **columns)
+
+        trainer, _ = make_grpo_trainer(tiny_model_dir, grpo_data, tmp_path / out, num_samples=None,
+                                       rewards=[privacy_compliance, helpfulness], dynamic_sampling=True,
+                                       guidance="group", max_steps=4, save_strategy="steps", save_steps=2,
+                                       logging_steps=1, learning_rate=1e-3, seed=7, max_completion_length=24)
+        trainer.train(resume_from_checkpoint=resume)
+        drawn = {}
+        for step, scored_ in calls:
+            drawn.setdefault(step, []).append(scored_)
+        return drawn, [e for e in trainer.state.log_history if "loss" in e]
+
+    whole, whole_log = train("whole")
+    assert sorted(whole) == [0, 1, 2, 3]
+    assert any(e["guidance/guided_share"] > 0 for e in whole_log[2:])  # guides after the checkpoint
+    resumed, resumed_log = train("resumed", resume=str(tmp_path / "whole" / "out" / "checkpoint-2"))
+    assert sorted(resumed) == [2, 3]
+    assert resumed[2] == whole[2] and resumed[3] == whole[3]
+    assert [e["guidance/guided_share"] for e in resumed_log if e["step"] > 2] == \
+        [e["guidance/guided_share"] for e in whole_log[2:]]

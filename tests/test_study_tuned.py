@@ -258,16 +258,21 @@ def test_compute_formula_and_the_counts_it_reads_from_a_log():
     assert logged_tokens(history, 20)["trained"] == 2000.0
     assert logged_tokens(history, 12)["trained"] is None  # nothing logged at step 12: not guessed
     assert run_compute(history, 20, "dpo", 0.5) == {"trained": 2000.0, "reference": 2000.0, "generated": 0.0,
-                                                    "compute": 8000.0}
+                                                    "compute": 8000.0, "reference_rule": "trained"}
     assert run_compute(history, 20, "sft", None)["compute"] == 6000.0
     # GRPO: generation logged per step (every round), averaged by TRL over each 5-step logging window
     grpo = [{"step": 5, "num_tokens": 800.0, "generation/prompt_tokens": 200.0, "generation/completion_tokens": 40.0},
             {"step": 10, "num_tokens": 1700.0, "generation/prompt_tokens": 260.0,
              "generation/completion_tokens": 60.0}]
-    # generated (200 + 40) x 5 + (260 + 60) x 5 = 2800; trained 1700, scored again by the reference
-    assert run_compute(grpo, 10, "grpo", 0.04) == {"trained": 1700.0, "reference": 1700.0, "generated": 2800.0,
-                                                   "compute": 3 * 1700 + 1700 + 2800}
+    # generated (200 + 40) x 5 + (260 + 60) x 5 = 2800; trained 1700. A run from before issue 45 logs no
+    # reference/tokens: its reference ran in every generation round, on the 2800 generated tokens
+    assert run_compute(grpo, 10, "grpo", 0.04) == {"trained": 1700.0, "reference": 2800.0, "generated": 2800.0,
+                                                   "compute": 3 * 1700 + 2800 + 2800, "reference_rule": "every round"}
     assert run_compute(grpo, 10, "grpo", 0.0)["compute"] == 3 * 1700 + 2800  # no KL term: no reference pass
+    # since issue 45 the run logs what its reference scored (the kept rows, after dynamic sampling's rounds)
+    after = [{**e, "reference/tokens": t} for e, t in zip(grpo, (160.0, 180.0))]
+    assert run_compute(after, 10, "grpo", 0.04) == {"trained": 1700.0, "reference": 1700.0, "generated": 2800.0,
+                                                    "compute": 3 * 1700 + 1700 + 2800, "reference_rule": "logged"}
     before = [{k: v for k, v in e.items() if not k.startswith("generation/")} for e in grpo]
     assert run_compute(before, 10, "grpo", 0.04)["compute"] is None  # a run before the counts: n/a
     # planned per step: 16 DPO pairs of 200 tokens; 8 prompts x G 4 of 100 tokens, one or two generation rounds

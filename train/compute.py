@@ -5,9 +5,12 @@ feed it, and the per-step plan measured on the study's data (how GRPO's prompts 
 
 A token *trained* goes through the policy forward and backward; a backward costs about two forwards (Kaplan et al.
 2020: 6N FLOPs per trained token against 2N per forward token of an N-parameter model), so it counts 3. A token the
-*reference* model scores (DPO, NCA, NCA-P; GRPO when its KL beta > 0) or that *generation* processes (GRPO: every
-prompt token of every sample once, then one forward per generated token with the KV cache; every generation round
-of a step, groups that dynamic sampling drops included) goes forward only and counts 1.
+*reference* model scores (DPO, NCA, NCA-P; GRPO when its KL beta > 0: the kept rows after dynamic sampling's rounds
+since issue 45, every round's rows before, as each run's log says: `run_compute`'s `reference_rule`) or that
+*generation* processes (GRPO: every prompt token of every sample once, then one forward per generated token with the
+KV cache; every generation round of a step, groups that dynamic sampling drops included) goes forward only and
+counts 1. GRPO's old-policy pass (only with `num_iterations` > 1, steps misaligned with generation, or vLLM's
+importance-sampling correction; the study runs none of them) is not counted.
 
 Tokens are counted per sequence as the method defines its sequences: prompt (with its image's tokens in the language
 model) plus answer; DPO's chosen and rejected each with their prompt, NCA-P's four, GRPO's G samples each with the
@@ -24,6 +27,7 @@ from pathlib import Path
 
 FORWARD, BACKWARD = 1, 2  # cost of one token's forward pass, and of its backward pass, in forward passes
 GENERATION_KEYS = ("generation/prompt_tokens", "generation/completion_tokens")  # per step, every generation round
+REFERENCE_KEY = "reference/tokens"  # GRPO, per step: the tokens its reference model scored
 
 
 def training_compute(trained: float, reference: float = 0.0, generated: float = 0.0) -> float:
@@ -89,15 +93,34 @@ def _windowed_sum(history: list[dict], key: str, step: int) -> float | None:
     return total
 
 
+REFERENCE_RULES = {
+    "logged": "GRPO's logged reference/tokens (the rows its reference scored)",
+    "every round": "every generation round's rows (GRPO before the reference ran after dynamic sampling's filter, "
+                   "issue 45)",
+    "trained": "the trained rows",
+}
+
+
 def run_compute(history: list[dict], step: int, method: str, beta: float | None) -> dict:
-    """A run's tokens and compute at `step` (values None where the log cannot say: see `logged_tokens`)."""
+    """A run's tokens and compute at `step` (values None where the log cannot say: see `logged_tokens`), and the rule
+    that counted its reference tokens (REFERENCE_RULES): the preference methods' reference scores the trained rows;
+    GRPO logs what its reference scored (`reference/tokens`: since issue 45 the kept rows only, after dynamic
+    sampling's rounds), and a GRPO run from before that log ran its reference in every generation round, on the
+    rows `generation/*` counts (None where it did not log those either)."""
     tokens = logged_tokens(history, step)
     trained, generated = tokens["trained"], tokens["generated"]
+    rule = "trained"
+    reference = None if trained is None else trained * uses_reference(method, beta)
     if method != "grpo":
         generated = 0.0
-    reference = None if trained is None else trained * uses_reference(method, beta)
-    compute = None if trained is None or generated is None else training_compute(trained, reference, generated)
-    return {"trained": trained, "reference": reference, "generated": generated, "compute": compute}
+    elif any(REFERENCE_KEY in e for e in history):
+        rule, reference = "logged", _windowed_sum(history, REFERENCE_KEY, step)
+    else:
+        rule, reference = "every round", None if generated is None else generated * uses_reference(method, beta)
+    known = None not in (trained, reference, generated)
+    compute = training_compute(trained, reference, generated) if known else None
+    return {"trained": trained, "reference": reference, "generated": generated, "compute": compute,
+            "reference_rule": rule}
 
 
 # ------------------------------------------------------------------------------------------ measured on the data

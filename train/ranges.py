@@ -74,6 +74,9 @@ RANGES: dict[str, Rule] = {
     "judge_concurrency": numbers.RULES["concurrency"], "judge_max_retries": numbers.RULES["max_retries"],
     "judge_timeout": numbers.RULES["timeout"], "max_missing_reward_share": FRACTION,
     "general_fraction": BELOW_ONE, "dynamic_sampling_max_extra_rounds": whole(1),
+    "dynamic_sampling_min_spread": NON_NEGATIVE, "dynamic_sampling_anchor_share": FRACTION,
+    # ours: guidance (losses/guidance.py)
+    "guidance_gamma": POSITIVE, "guidance_mu": NON_NEGATIVE,
 }
 # Floats that count steps, epochs or seconds (the library makes ints of them, or timers): at most LARGEST, as every
 # whole number is. Other floats are only finite: a learning rate of 1e30 is legal, and diverges (losses/finite.py).
