@@ -101,6 +101,20 @@ def test_the_demo_keeps_its_promise(demo_outputs):
     assert report["nca_p"]["hms"] >= 60, report["nca_p"]
 
 
+def test_getting_started_shows_the_demo_table(demo_outputs):
+    """docs/getting-started.md's table is the demo's report to the digit (its columns, the SpatialTrust one left out)."""
+    report = json.loads((demo_outputs / "report.json").read_text())
+    names = {"base (untrained)": "base", "SFT": "sft", "SFT + NCA-P": "nca_p"}
+    keys = ("ics", "hms", "rta_nonconflict", "ata_nonconflict", "ata_conflict")
+    shown = [line.strip("|").split(" | ") for line in (ROOT / "docs" / "getting-started.md").read_text().splitlines()
+             if line.startswith(("| without distractors |", "| with distractors |"))]
+    assert len(shown) == 6
+    for setting, model, *cells in shown:
+        metrics = report[names[model.strip()]] if setting.strip() == "without distractors" else \
+            report["with_distractors"][names[model.strip()]]
+        assert [c.strip() for c in cells] == [f"{metrics[k]:.1f}" for k in keys], (setting, model)
+
+
 def test_demo_refuses_to_mix_settings(tmp_path):
     out = tmp_path / "demo"
     out.mkdir()

@@ -254,11 +254,14 @@ def plot(report: dict, out: Path, path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="outputs/demo")
-    parser.add_argument("--sft-steps", type=option("sft_steps"), default=None, help="default: recipes/demo/sft.yaml (80)")
+    parser.add_argument("--sft-steps", type=option("sft_steps"), default=None, help="default: recipes/demo/sft.yaml (120)")
     parser.add_argument("--nca-p-steps", type=option("nca_p_steps"), default=None, help="default: recipes/demo/nca_p.yaml (10)")
     parser.add_argument("--train-per-label", type=option("train_per_label"), default=30, help="synthetic SPY-Tune items per category")
-    parser.add_argument("--train-absolute-per-label", type=option("train_per_label"), default=240,
+    parser.add_argument("--train-absolute-per-label", type=option("train_per_label"), default=60,
                         help="synthetic SPY-Tune items per absolute category (always refused: 5 of SPY's 67)")
+    parser.add_argument("--train-scenarios", choices=("one", "pool"), default="pool",
+                        help="scenarios per synthetic SPY-Tune item: one conflict and one privacy scenario, or its "
+                             "category's whole pool (two of each: more of the rows are scenario cases)")
     parser.add_argument("--test-per-label", type=option("test_per_label"), default=1, help="held-out SPY-Bench items per category")
     parser.add_argument("--eval-batch-size", type=option("eval_batch_size"), default=None,
                         help="default: eval/suites/demo.yaml's (given: --set on the printed suite command)")
@@ -279,7 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     model_dir, data_dir = out / "tiny-qwen2vl", out / "synthetic-spy-tune"
     build_once(model_dir, lambda d: build_tiny_model(d, **DEMO_CONFIG))
     build_once(data_dir, lambda d: synthetic.build(d, args.train_per_label, args.test_per_label,
-                                                   train_absolute_per_label=args.train_absolute_per_label))
+                                                   train_absolute_per_label=args.train_absolute_per_label,
+                                                   train_whole_pool=args.train_scenarios == "pool"))
     log(f"tiny Qwen2-VL in {model_dir}, synthetic SPY-Tune / held-out SPY-Bench in {data_dir}")
 
     # Each checkpoint is evaluated while the next stage starts (its imports and set-up leave a core idle): the base
