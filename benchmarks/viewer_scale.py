@@ -80,7 +80,7 @@ def browse(context, index: Path, label: str) -> dict:
     # while the page parses the later chunks)
     painted = page.evaluate("""() => new Promise(resolve => new PerformanceObserver(list => resolve(Math.min(
         ...list.getEntries().map(e => e.renderTime || e.loadTime)))).observe({type: "element", buffered: true}))""") / 1000
-    label_value = page.evaluate("VIEWER.state.rows[0].category")
+    label_value = page.evaluate("VIEWER.state.rows[0].bench + ':' + VIEWER.state.rows[0].category")
     total = page.inner_text("#total")
     start = time.perf_counter()
     page.select_option("select[data-facet='category']", label_value)

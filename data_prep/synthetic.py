@@ -122,10 +122,12 @@ def draw_image(rng: random.Random, colour: str, size: int) -> Image.Image:
 
 
 def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int = 56,
-               categories=None, absolute_per_label: int | None = None) -> list[dict]:
+               categories=None, absolute_per_label: int | None = None, whole_pool: bool = False) -> list[dict]:
     """SPY-Tune items (spy.md §5.1) for one split, with their images written under out/images/<split>/;
     `absolute_per_label` (more than `per_label`) adds items of the absolute categories after the others, which are
-    unchanged."""
+    unchanged. `whole_pool`: each item lists every scenario of its category's pool (up to two conflict and two
+    privacy scenarios, the second-person one still a single draw) instead of one drawn of each; the draws are the
+    same either way, so the items are otherwise unchanged."""
     cats = as_categories(categories)
     texts = cats.label2text()
     labels = list(texts)
@@ -162,6 +164,9 @@ def make_items(split: str, per_label: int, seed: int, out: Path, image_size: int
             "privacy_scenarios": privacy_scenarios,
             "chosen_scenarios": privacy_scenarios,
         })
+        if whole_pool:
+            items[-1].update(non_privacy_scenarios=[cats.item_scenario(s) for s in conflict],
+                             privacy_scenarios=[cats.item_scenario(s) for s in privacy])
     return items
 
 
@@ -190,10 +195,11 @@ def write_json(path: Path, obj) -> None:
 
 def build(out, train_per_label: int = 60, test_per_label: int = 2, seed: int = 0, image_size: int = 56,
           categories=None, general_train: int = 0, general_test: int = 0, val_per_label: int = 0,
-          general_val: int = 0, train_absolute_per_label: int | None = None) -> Path:
+          general_val: int = 0, train_absolute_per_label: int | None = None, train_whole_pool: bool = False) -> Path:
     """Write the synthetic data of a category set (a path or CategorySet; default SPY's 67) into `out`;
     `train_absolute_per_label` gives the absolute categories that many training items (the demo: a rule that holds
-    for 5 of 67 categories is otherwise seen too rarely to learn in a minute);
+    for 5 of 67 categories is otherwise seen too rarely to learn in a minute); `train_whole_pool` lists each training
+    item's whole scenario pool (make_items; the demo: more of its rows are the scenario cases it has to learn);
     `general_train` / `general_test` > 0 also write general_train.json / general_test.json (the general task).
     `val_per_label` / `general_val` > 0 write a validation split drawn from the training distribution (training
     phrasings, new items and images, none of them in the held-out split): val_questions.json (SPY-Bench format)
@@ -201,7 +207,8 @@ def build(out, train_per_label: int = 60, test_per_label: int = 2, seed: int = 0
     cats = as_categories(categories)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    train = make_items("train", train_per_label, seed, out, image_size, cats, train_absolute_per_label)
+    train = make_items("train", train_per_label, seed, out, image_size, cats, train_absolute_per_label,
+                       train_whole_pool)
     test = make_items("test", test_per_label, seed, out, image_size, cats)
     write_json(out / "train_data.json", {"data_list": train})
     write_json(out / "eval_data.json", {"data_list": test[:3]})

@@ -32,6 +32,13 @@ def load(folder) -> dict:
     return results
 
 
+def without_nulls(value):
+    """A setting with its null keys dropped, at every level: `"limit": null` and no `limit` are the same setting."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    return value
+
+
 def differences(runs: dict[str, dict]) -> list[str]:
     """One warning line per headline metric whose sample counts differ, and per setting that differs."""
     warnings = []
@@ -44,14 +51,31 @@ def differences(runs: dict[str, dict]) -> list[str]:
         if len(set(by_run.values())) > 1 or len(by_run) < len(runs):
             listed = ", ".join(f"{name} {by_run.get(name, 'absent')}" for name in runs)
             warnings.append(f"{benchmark} {setting}: different sample counts ({listed}); not the same samples")
-    base = {k: v for k, v in first.get("settings", {}).items() if k != "model"}
+    base = without_nulls({k: v for k, v in first.get("settings", {}).items() if k != "model"})
     for name, results in list(runs.items())[1:]:
-        other = {k: v for k, v in results.get("settings", {}).items() if k != "model"}
+        other = without_nulls({k: v for k, v in results.get("settings", {}).items() if k != "model"})
         for key in sorted(set(base) | set(other)):
             if base.get(key) != other.get(key):
                 warnings.append(f"{name}: setting {key!r} differs from {first_name}'s "
                                 f"({json.dumps(other.get(key))} vs {json.dumps(base.get(key))})")
     return warnings
+
+
+def missing_roots(folders: list, given: dict) -> None:
+    """Refuse, in one line naming the options to give, suites whose viewer would lose images or SpatialTrust: the
+    data a suite records lie outside its folder (the demo's suites: `../../synthetic-spy-tune`), and a results.json
+    names files inside its folder only (eval/view/records.py, recorded_root)."""
+    from eval.view.records import roots_outside
+
+    for folder in folders:
+        if not Path(folder).is_dir():  # a results.json given alone: its folder
+            folder = Path(folder).parent
+        wanted = roots_outside(folder, given)
+        if wanted:
+            raise InputError(Path(folder) / "results.json", None, "inputs", "the data it was run on lie outside the "
+                             "suite folder, which a results.json may not name for the viewer; name them: "
+                             + " ".join(f"{flag} {path}" for flag, path in wanted.items())
+                             + " (or --no-view: the leaderboard without the sample viewer)")
 
 
 def compare(folders: list, out, names: list[str] | None = None, view: bool = True, images=None,
@@ -73,8 +97,9 @@ def compare(folders: list, out, names: list[str] | None = None, view: bool = Tru
         print(f"no sample viewer: {', '.join(without)} holds no per-sample sections", file=sys.stderr)
         view = False
     if view:
-        from eval.view import build_view
+        from eval.view import build_view, given_inputs
 
+        missing_roots(folders, given_inputs(images, spatialtrust_data, geo_images=geo_images, inputs=inputs))
         build_view(folders, out / "view", names=names, title=f"{' vs '.join(names)} (baseline {names[0]})",
                    progress=False, images=images, spatialtrust_data=spatialtrust_data, geo_images=geo_images,
                    inputs=inputs)

@@ -2,14 +2,17 @@
 summary PNG (the model's privacy report card).
 
     python -m eval suite --config eval/suites/demo.yaml --model PATH_OR_ID --out DIR \\
-        [--root DIR] [--push-to-hub REPO] [--wandb [--wandb-project NAME] [--wandb-samples N]] [--no-view]
+        [--root DIR] [--set KEY=VALUE ...] [--push-to-hub REPO] [--wandb [--wandb-project NAME] [--wandb-samples N]]
+        [--no-view]
 
 The suite drives the per-benchmark steps through their Python functions (eval/spy/cli.py, eval/spatialtrust/...),
 with one model load shared by all sections. Each step writes its run file under --out and resumes from it, so
 running the suite again continues where it stopped, and a finished section is read back without loading the
 model. `--push-to-hub` writes the headline metrics into the repo's card as model-index
 (huggingface_hub.metadata_update; the token comes from HF_TOKEN). OUT/view/index.html is the per-sample viewer
-(`python -m eval view`, docs/evaluation/viewer.md); `--wandb` also logs a table of samples. The suite YAML (see eval/suites/):
+(`python -m eval view`, docs/evaluation/viewer.md); `--wandb` also logs a table of samples. `--set KEY=VALUE`
+changes one key of the YAML for this run (a dotted path, a YAML value: `--set backend_options.batch_size=8
+--set sections.spy.limit=40`), checked as the file is. The suite YAML (see eval/suites/):
 
     name: demo
     root: outputs/demo            # relative paths below start here (--root overrides; default: the cwd)
@@ -438,9 +441,31 @@ def run_suite(config_path, model: str, out, root: str | None = None, push_to_hub
     return results
 
 
-def main(argv: list[str]) -> int:
+def set_overrides(pairs: list[str] | None) -> dict:
+    """`--set KEY=VALUE` options as the nested overrides load_config merges into the YAML (`a.b=1` -> {a: {b: 1}});
+    VALUE is read as YAML (`8`, `null`, `[one-pass]`, `{device: cpu}`)."""
+    from cli import strict_yaml
+
+    overrides: dict = {}
+    for pair in pairs or []:
+        key, sep, text = pair.partition("=")
+        names = key.split(".")
+        if not sep or not all(n.strip() for n in names):
+            raise InputError("command line", None, "--set", f"expected KEY=VALUE (e.g. sections.spy.limit=40), "
+                             f"got {pair!r}")
+        value = strict_yaml.parse(text, "--set " + key) if text.strip() else None
+        node = overrides
+        for name in names[:-1]:
+            node = node.setdefault(name, {})
+            if not isinstance(node, dict):
+                raise InputError("command line", None, "--set", f"{key}: {name} is set to a value above")
+        node[names[-1]] = value
+    return overrides
+
+
+def parser() -> ArgumentParser:
     parser = ArgumentParser(prog="python -m eval suite", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="suite YAML, e.g. eval/suites/demo.yaml")
     parser.add_argument("--model", required=True, type=nonempty, help="checkpoint folder or Hub id (served name for openai)")
     parser.add_argument("--out", required=True, help="folder for the run files, results.json, report.md, report.png")
@@ -452,10 +477,22 @@ def main(argv: list[str]) -> int:
                         help="with --wandb: samples in the logged sample table (wandb.Table with images; 0: none)")
     parser.add_argument("--no-view", action="store_true",
                         help="do not write the per-sample viewer (default: OUT/view/index.html, `python -m eval view`)")
-    args = parser.parse_args(argv)
-    results = run_suite(args.config, args.model, args.out, root=args.root, push_to_hub=args.push_to_hub,
-                        wandb=args.wandb, wandb_project=args.wandb_project, view=not args.no_view,
-                        wandb_samples=args.wandb_samples)
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="one key of the YAML for this run, as a dotted path and a YAML value, e.g. "
+                             "--set sections.spy.limit=40 (repeatable)")
+    return parser
+
+
+def run_args(args: argparse.Namespace) -> dict:
+    """run_suite with the command line's arguments (the demo runs the command it prints through here)."""
+    return run_suite(args.config, args.model, args.out, root=args.root, push_to_hub=args.push_to_hub,
+                     wandb=args.wandb, wandb_project=args.wandb_project, view=not args.no_view,
+                     wandb_samples=args.wandb_samples, overrides=set_overrides(args.set))
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    results = run_args(args)
     from eval.report import markdown_table
 
     print(markdown_table(results["headline"], ["benchmark", "setting", "metric", "value", "n"]), end="")

@@ -66,7 +66,7 @@ def _merge(base: dict, extra: dict) -> dict:
 
 def load_config(path, root: str | None = None, overrides: dict | None = None) -> dict:
     """The suite YAML, validated (unknown keys and sections, missing files are refused before anything runs).
-    `overrides` is merged into it first (the demo's sample limit and batch size)."""
+    `overrides` (`eval suite --set`) is merged into it first, and checked with it."""
     from cli import secrets, strict_yaml
 
     if not Path(path).exists():
@@ -74,8 +74,8 @@ def load_config(path, root: str | None = None, overrides: dict | None = None) ->
     config = strict_yaml.load(path)  # duplicate keys, alias bombs, FIFOs refused
     if not isinstance(config, dict):
         raise InputError(path, None, None, "expected a mapping (name, backend, judge, sections)")
-    secrets.refuse_in_config(path, config)  # a key in the file: refused, naming the variable to set
     _merge(config, overrides or {})
+    secrets.refuse_in_config(path, config)  # a key in the file (or a --set): refused, naming the variable to set
     strict_yaml.check(path, config, TOP_KEYS)
     judge = config.get("judge", "rule")
     if isinstance(judge, dict):

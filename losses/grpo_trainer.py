@@ -590,6 +590,19 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
         fetched = {i: self.train_dataset[i] for i in set(mine)}
         return [dict(fetched[i]) for i in mine]
 
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's, with the per-category keys (`compliance/<label>`) after the others, in category order (a1, a2, ...,
+        a10, then other ids by name): TRL lists a window's metrics in the order they first came, another each time."""
+        from data_prep.categories import as_categories
+
+        order = as_categories(None).label_order
+        for metrics in self._metrics.values():
+            ordered = sorted(metrics.items(), key=lambda kv: (1, order(kv[0][11:])) if kv[0].startswith("compliance/")
+                             else (0, ()))
+            metrics.clear()
+            metrics.update(ordered)
+        super().log(logs, start_time)
+
 
 def _ignore(*_args, **_kwargs) -> None:
     """The logging hooks TRL hands reward functions, silenced where a guide is scored."""

@@ -3,7 +3,8 @@
 It serves what huggingface_hub 2.x calls for `create_repo`, `upload_folder` / `create_commit` (preupload, then
 one NDJSON commit with every file inline: the server answers "regular" for every file, so no LFS), the card
 check upload_folder makes (/api/validate-yaml: front matter parses, base_model is a Hub id), and the
-file download that `ModelCard.load` / `metadata_update` do (HEAD + GET of resolve/<revision>/<path>).
+file download that `ModelCard.load` / `metadata_update` / `from_pretrained` do (HEAD + GET of
+resolve/<revision>/<path>), and a folder's listing (api/models/<repo>/tree/<revision>/<folder>).
 Every commit is recorded, in order:
 
     with HubServer() as hub:                     # tests/ is on sys.path under pytest
@@ -130,7 +131,25 @@ class HubServer:
                 self._resolve(head=True)
 
             def do_GET(self):
+                if self.path.startswith("/api/models/"):
+                    return self._tree()
                 self._resolve(head=False)
+
+            def _tree(self):
+                """A folder's listing (list_repo_tree, which AutoProcessor calls for additional_chat_templates/):
+                the files under it, or the Hub's 404 EntryNotFound for a folder the repo lacks."""
+                hub.requests.append(("GET", self.path))
+                match = re.fullmatch(r"/api/models/(.+?/[^/]+)/tree/([^/]+)/?(.*)", self.path.split("?")[0])
+                state = hub.repos.get(match.group(1)) if match else None
+                if state is None:
+                    return self._send(404, b"", {"X-Error-Code": "RepoNotFound"})
+                folder = match.group(3).strip("/")
+                entries = [{"type": "file", "path": path, "size": len(content), "oid": hashlib.sha1(content).hexdigest()}
+                           for path, content in sorted(state["files"].items())
+                           if not folder or path.startswith(folder + "/")]
+                if not entries:
+                    return self._send(404, b"", {"X-Error-Code": "EntryNotFound"})
+                self._json(entries)
 
         return Handler
 

@@ -2,6 +2,7 @@
 commands are the ones the tests run, and every heading of the old one-page README has a page in the site.
 (`make docs` builds the site strictly: broken links, missing pages and unresolved API references fail there.)"""
 
+import argparse
 import importlib.util
 import io
 import os
@@ -207,12 +208,16 @@ def test_getting_started_runs_what_the_demo_test_runs(monkeypatch, tmp_path):
     # the suite and compare commands are the ones the demo runs (and logs) for each stage
     demo_source = (ROOT / "train" / "demo.py").read_text()
     suite = next(w for w in commands if w[1:4] == ["-m", "eval", "suite"])
-    assert suite[4:] == ["--config", "eval/suites/demo.yaml", "--model", "outputs/demo/nca_p",
-                         "--out", "outputs/demo/suite/nca_p"]
-    assert "python -m eval suite --config eval/suites/demo.yaml --model {model} --out {suite_out}" in demo_source
+    from train.demo import suite_command
+
+    defaults = argparse.Namespace(eval_batch_size=None, max_new_tokens=None, eval_limit=None)
+    monkeypatch.chdir(ROOT)
+    assert suite[4:] == suite_command(Path("outputs/demo/nca_p"), Path("outputs/demo/suite/nca_p"),
+                                      Path("outputs/demo"), defaults)  # what `make demo` prints and runs
     compare = next(w for w in commands if w[1:4] == ["-m", "eval", "compare"])
     assert compare[4:] == [*(f"outputs/demo/suite/{s}" for s in ("base", "sft", "nca_p")), "--out",
-                           "outputs/demo/leaderboard"]
+                           "outputs/demo/leaderboard", "--images", "outputs/demo/synthetic-spy-tune",
+                           "--spatialtrust-data", "outputs/demo/spatialtrust-synthetic/data.jsonl"]
     assert 'compare([out / "suite" / stage for stage in STAGES], out / "leaderboard"' in demo_source
     # the chat command runs on the demo's model in tests/test_docs_run.py
 

@@ -539,6 +539,28 @@ def test_grpo_trains_from_sft_with_the_rule_judge_and_resumes(sft_checkpoint, gr
         assert any(k.startswith("compliance/") for k in e)
     assert "saved the GRPO model" in result.stdout
     assert "method: grpo" in (tmp_path / "a" / "README.md").read_text() or "GRPO" in (tmp_path / "a" / "README.md").read_text()
+    # the console: one short line per window in a fixed order (train/grpo_console.py), not the record's dict; the
+    # record keeps every key, the per-category ones after the others in category order
+    lines = [line for line in result.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split(" | ")[0] for line in lines] == ["step 1/4", "step 2/4", "step 3/4", "step 4/4"]
+    for line in lines:
+        items = [item.split(" ")[0] for item in line.split(" | ")]
+        assert items[:5] == ["step", "loss", "reward", "privacy_compliance", "helpfulness"], line
+        assert "{'loss'" not in result.stdout and "compliance/" not in line
+    from data_prep.categories import as_categories
+
+    for e in steps:
+        keys = list(e)
+        labels = [k.removeprefix("compliance/") for k in keys if k.startswith("compliance/")]
+        assert labels == sorted(labels, key=as_categories(None).label_order)
+        first = keys.index(f"compliance/{labels[0]}")
+        assert keys[first:first + len(labels)] == [f"compliance/{label}" for label in labels]  # together
+    # the card: the base as its folder's name (a local model), GRPO's own statistics in the metrics table
+    card = (tmp_path / "a" / "README.md").read_text()
+    assert str(sft_checkpoint) not in card and "`sft` (a local model folder, not on the Hub)" in card
+    assert "| groups/zero_spread/respond |" in card and "| frac_reward_zero_std |" in card and "| kl |" in card
+    assert "| dynamic_sampling/dropped_share |" in card
+    assert f'from_pretrained("{tmp_path / "a"}")' in card  # this folder, as the run named it: loads as printed
     trained = load_file(tmp_path / "a" / "model.safetensors")
     start = load_file(sft_checkpoint / "model.safetensors")
     assert any(not trained[k].equal(start[k]) for k in trained)  # it learned something

@@ -110,6 +110,36 @@ def test_card_content(tiny_model_dir, tmp_path):
     assert config["model_type"] == "qwen2_vl"  # the tiny model; the tag came from model_type given above
 
 
+@pytest.mark.slow
+def test_a_pushed_card_names_no_local_path_and_its_example_runs_as_printed(tiny_model_dir, synthetic_dir, tmp_path):
+    """What a push uploads names no path of the machine that trained it (card, configs), the base as a user finds
+    it (here a local folder: its name, said to be local), and the card's usage example runs as printed against the
+    Hub (the stand-in), on a photo.jpg beside it."""
+    from PIL import Image
+
+    out = tmp_path / "sft"
+    with HubServer() as hub:
+        env = hub_env(hub, tmp_path)
+        train("sft", "sft", tiny_model_dir, synthetic_dir, out, "--push_to_hub", "true", "--hub_model_id",
+              "me/tiny-sft", env=env)
+        files = hub.files("me/tiny-sft")
+        local = [str(p) for p in (tmp_path.parents[1], tiny_model_dir, synthetic_dir, ROOT, Path.home())]
+        for path, content in files.items():  # the session's temporary folders, the checkout, the home folder
+            assert not any(place.encode() in content for place in local), path
+        card = ModelCard(files["README.md"].decode())
+        assert card.data.base_model is None and card.data.datasets == ["synthetic-spy-tune"]
+        assert f"`{tiny_model_dir.name}` (a local model folder, not on the Hub)" in card.text
+        snippet = card.text.split("```python\n")[1].split("```")[0]
+        assert 'from_pretrained("me/tiny-sft")' in snippet and "photo.jpg" in snippet
+        user = tmp_path / "user"
+        user.mkdir()
+        Image.new("RGB", (56, 56), (200, 40, 40)).save(user / "photo.jpg")
+        (user / "example.py").write_text(snippet)
+        result = subprocess.run([sys.executable, "example.py"], cwd=user, env=env, capture_output=True, text=True,
+                                timeout=600)
+    assert result.returncode == 0 and result.stdout.strip(), result.stderr[-3000:]
+
+
 def test_chat_answers_on_the_tiny_model(tiny_model_dir, synthetic_dir):
     image = next((synthetic_dir / "images").rglob("*.png"))
     command = [sys.executable, "-m", "train.chat", "--model", str(tiny_model_dir), "--image", str(image),
@@ -143,7 +173,9 @@ def test_lora_adapter_loads_from_anywhere_and_merges(tiny_model_dir, synthetic_d
               env=hub_env(hub, tmp_path))
     check_commits(hub, out, "every_save")
     adapter_config = json.loads((out / "adapter_config.json").read_text())
-    assert Path(adapter_config["base_model_name_or_path"]).is_absolute()
+    assert Path(adapter_config["base_model_name_or_path"]).is_absolute()  # here: it loads from anywhere
+    pushed = json.loads(hub.files("me/tiny-lora")["adapter_config.json"])  # published: no path of this machine
+    assert pushed["base_model_name_or_path"] == tiny_model_dir.name  # the base folder's name
     card = ModelCard.load(out / "README.md")
     assert card.data.library_name == "peft" and "lora" in card.data.tags
     moved = tmp_path / "elsewhere" / "adapter"

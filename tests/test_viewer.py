@@ -114,7 +114,7 @@ def test_suite_viewer_rows_filters_metrics_and_boxes(browser, suite_run, tmp_pat
     verdict = max(("respond", "reject"), key=lambda v: sum(r["eval_resp"] == v for r in values))
     expected = {
         ("section", "with_distractors"): sum(r["setting"] == "with_distractors" for r in values),
-        ("category", label): sum(r["label"] == label for r in values),
+        ("category", f"spy:{label}"): sum(r["label"] == label for r in values),
         ("scenario", "conflict"): sum(scenario_kind(r) == "conflict" for r in values),
         ("scenario", "privacy"): sum(scenario_kind(r) == "privacy" for r in values),
         ("variant", "private"): sum(r["is_privacy"] == 1 for r in values),
@@ -132,7 +132,7 @@ def test_suite_viewer_rows_filters_metrics_and_boxes(browser, suite_run, tmp_pat
     word = values[0]["question"].split()[-1].lower()
     page.fill("#text", word)
     names = page.evaluate("VIEWER.state.meta.categories")
-    assert shown(page) == sum(any(word in str(t).lower() for t in (k, r["label"], names[r["label"]], r["question"],
+    assert shown(page) == sum(any(word in str(t).lower() for t in (k, r["label"], names[f"spy:{r['label']}"], r["question"],
                                                                     r["response"], r["eval_resp"]))
                               for k, r in records.items())
 
@@ -143,10 +143,11 @@ def test_suite_viewer_rows_filters_metrics_and_boxes(browser, suite_run, tmp_pat
                       ("accuracy", "accuracy")):
         value = page.get_attribute(f".metric[data-run='0'][data-name='{name}']", "data-value")
         assert (None if value == "" else float(value)) == pytest.approx(metrics[key]), name
-    category = choose(page, "category", label)
-    right = sum(is_right(r) for r in values if r["label"] == label)
-    assert float(page.get_attribute(".metric[data-run='0'][data-name='right']", "data-value")) == pytest.approx(
-        100 * right / category)
+    choose(page, "category", f"spy:{label}")
+    for setting in ("without_distractors", "with_distractors"):  # the category's samples, per setting
+        mine = [r for r in values if r["label"] == label and r["setting"] == setting]
+        value = page.get_attribute(f".metric[data-run='0'][data-group='spy/{setting}'][data-name='right']", "data-value")
+        assert float(value) == pytest.approx(100 * sum(map(is_right, mine)) / len(mine))
 
     # one sample by its link: the instruction lines with the asked-about private one highlighted, its answer
     key, record = next((k, r) for k, r in records.items() if r["is_privacy"] == 1 and r.get("other_labels"))
@@ -179,6 +180,31 @@ def test_suite_viewer_rows_filters_metrics_and_boxes(browser, suite_run, tmp_pat
     assert (tmp_path / "view" / full).is_file() and not full.endswith("_t.jpg")
     page.screenshot(path=tmp_path / "viewer.png")
     assert (tmp_path / "viewer.png").stat().st_size > 10_000
+    page.close()
+
+
+def test_the_summary_is_per_benchmark_and_setting_and_categories_per_benchmark(browser, suite_run):
+    """The opening summary (every sample shown): one block per benchmark and setting, each the numbers results.json
+    has for it, never one ICS over both SPY settings or a share right over SPY-Bench and SpatialTrust; the
+    category filter lists each benchmark's categories under its own name."""
+    page, _, errors = open_view(browser, suite_run / "view" / "index.html")
+    assert not errors
+    groups = page.locator("#metrics .group").evaluate_all("gs => gs.map(g => g.dataset.group)")
+    assert groups == ["spy/without_distractors", "spy/with_distractors", "st/one-pass"]
+    results = json.loads((suite_run / "results.json").read_text())["sections"]
+    for setting in ("without_distractors", "with_distractors"):
+        metrics = results["spy"][setting]
+        for name, key in (("ICS", "ics"), ("HMS", "hms"), ("RtA", "rta_nonconflict"), ("accuracy", "accuracy")):
+            value = page.get_attribute(f".metric[data-group='spy/{setting}'][data-name='{name}']", "data-value")
+            assert (None if value == "" else float(value)) == pytest.approx(metrics[key]), (setting, name)
+    assert page.locator(".metric[data-group='st/one-pass'][data-name='ICS']").count() == 0
+    n_images = results["spatialtrust"]["one-pass"]["n_images"]
+    assert f"(n={n_images})" in page.inner_text("#metrics .group[data-group='st/one-pass']")
+    assert page.locator(".metric[data-name='ICS']").count() == 2  # one per SPY setting, none over both
+    groups = page.locator("select[data-facet='category'] optgroup").evaluate_all(
+        "gs => gs.map(g => [g.label, [...g.querySelectorAll('option')].map(o => o.value)])")
+    assert [label for label, _ in groups] == ["SPY-Bench", "SpatialTrust"]
+    assert all(v.startswith("spy:a") for v in groups[0][1]) and all(v.startswith("st:") for v in groups[1][1])
     page.close()
 
 
@@ -246,7 +272,7 @@ def test_two_runs_changed_outcomes_and_counts_per_category(browser, synthetic_di
         if key(x["id"]) in better | worse:
             per_category.setdefault(x["label"], [0, 0])[key(x["id"]) in worse] += 1
     label, (n_better, n_worse) = max(per_category.items(), key=lambda kv: sum(kv[1]))
-    cells = page.locator(f"#per-category tr[data-category='{label}'] td").all_inner_texts()
+    cells = page.locator(f"#per-category tr[data-category='spy:{label}'] td").all_inner_texts()
     assert cells[1:] == [str(n_better), str(n_worse)]
     assert choose(page, "problem", "failed") == 1 and choose(page, "problem", "unjudged") == 1
     page.click("#clear")

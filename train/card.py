@@ -32,6 +32,7 @@ MODEL_KEYS = ("dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha"
               "lora_target_modules", "load_in_4bit", "load_in_8bit")
 SCRIPT_KEYS = ("train_data_path", "image_folder", "eval_data_path", "categories", "add_distractors",
                "num_train_samples", "min_pixels", "max_pixels", "dataset_name")
+PATH_KEYS = ("train_data_path", "image_folder", "eval_data_path", "categories")
 PACKAGES = ("transformers", "trl", "peft", "torch", "datasets", "accelerate", "huggingface_hub")
 CITATION = """@misc{spy,
   title = {Specify Privacy Yourself (SPY-Bench, SPY-Tune, NCA-P)},
@@ -59,8 +60,31 @@ def hub_id(model: str) -> str | None:
 
 
 def base_reference(model: str) -> str:
-    """How a saved adapter or card names its base: a Hub id, else an absolute path (loadable from any folder)."""
+    """How a saved adapter names its base on this machine: a Hub id, else an absolute path (loadable from any
+    folder). Never published: `publish` uploads public_base(model) instead."""
     return hub_id(model) or str(Path(model).resolve())
+
+
+def public_base(model: str) -> str:
+    """How a published card or adapter config names its base: the Hub id, else the local folder's name (a path of
+    the machine that trained it means nothing elsewhere, and says more than it should)."""
+    import os
+
+    return hub_id(model) or Path(os.path.abspath(model)).name
+
+
+def shown_path(value, keep_outside: bool = False):
+    """A path as a card shows it: a relative one as given; an absolute one relative to the current folder when it
+    lies under it, else (unless `keep_outside`: a card that is not published may name its own folder) its last two
+    parts, `<local>/data/train.json`."""
+    import os
+
+    if not isinstance(value, str) or not os.path.isabs(value):
+        return value
+    path = Path(os.path.normpath(value))
+    if path.is_relative_to(Path.cwd()):
+        return str(path.relative_to(Path.cwd())) or "."
+    return str(path) if keep_outside else "<local>/" + "/".join(path.parts[-2:])
 
 
 def _base_card_license(model: str) -> str | None:
@@ -83,6 +107,9 @@ def recipe_values(script_args, training_args, model_args) -> dict:
         for key in keys:
             if hasattr(config, key):
                 values[key] = json.loads(json.dumps(getattr(config, key), default=str))
+    for key in PATH_KEYS:
+        if key in values:
+            values[key] = shown_path(values[key])
     if not values.get("use_peft"):
         for key in MODEL_KEYS[3:7]:
             values.pop(key, None)
@@ -99,12 +126,19 @@ def framework_versions() -> dict:
     return found
 
 
+# What the card's metrics table shows of the last logged step: the loss, and each method's own statistics (the
+# preference methods' rewards and log-probabilities; GRPO's reward, KL, group and dynamic-sampling statistics).
+# compliance/<category> (one per category) stays in train_metrics.json.
+CARD_METRICS = ("loss", "step", "epoch", "reward", "reward_std", "kl", "frac_reward_zero_std")
+CARD_METRIC_PREFIXES = ("rewards/", "logps/", "groups/", "dynamic_sampling/")
+
+
 def reward_metrics(log_history: list[dict]) -> dict:
-    """The last logged training step's loss and reward metrics (not the runtime summary)."""
+    """The last logged training step's loss and the method's own statistics (not the runtime summary)."""
     logged = [entry for entry in log_history if "loss" in entry]
     if not logged:
         return {}
-    return {k: v for k, v in logged[-1].items() if k in ("loss", "step", "epoch") or k.startswith(("rewards/", "logps/"))}
+    return {k: v for k, v in logged[-1].items() if k in CARD_METRICS or k.startswith(CARD_METRIC_PREFIXES)}
 
 
 def usage_snippet(model_id: str, is_adapter: bool) -> str:
@@ -140,8 +174,11 @@ def build_card(output_dir, method: str, base_model: str, script_args, training_a
     output_dir = Path(output_dir)
     is_adapter = (output_dir / "adapter_config.json").exists() or bool(getattr(model_args, "use_peft", False))
     base_id = hub_id(base_model)
-    model_id = model_id or getattr(training_args, "hub_model_id", None) or output_dir.name
-    name = model_id.split("/")[-1]
+    # the usage example loads what its reader has: the Hub repo (every pushed card), else this folder, as a path
+    # from where the run started
+    repo = model_id or getattr(training_args, "hub_model_id", None)
+    model_id = repo or shown_path(str(output_dir), keep_outside=True)
+    name = repo.split("/")[-1] if repo else output_dir.name
     if model_type is None and (output_dir / "config.json").exists():
         model_type = json.loads((output_dir / "config.json").read_text()).get("model_type")
     if model_type is None:  # an adapter folder: the base's config says
@@ -157,7 +194,8 @@ def build_card(output_dir, method: str, base_model: str, script_args, training_a
     recipe = {**recipe_values(script_args, training_args, model_args), "method": method}
     if packed_attention_ran:
         recipe["packed_attention_ran"] = packed_attention_ran
-    base_text = f"[`{base_id}`](https://huggingface.co/{base_id})" if base_id else f"`{base_reference(base_model)}`"
+    base_text = f"[`{base_id}`](https://huggingface.co/{base_id})" if base_id else \
+        f"`{public_base(base_model)}` (a local model folder, not on the Hub)"
     metrics = reward_metrics(log_history or [])
     sections = [
         f"# {name}: {METHOD_NAMES[method]} privacy alignment of {base_id or Path(base_model).name}",
@@ -165,7 +203,7 @@ def build_card(output_dir, method: str, base_model: str, script_args, training_a
         "[privacy-align](https://github.com/privacy-align/privacy-align), to follow privacy boundaries that users "
         "state in plain language (SPY-Tune / SPY-Bench)."
         + categories_sentence(getattr(script_args, "categories", None))
-        + (f" This is a LoRA adapter (peft) on `{base_reference(base_model)}`." if is_adapter else ""),
+        + (f" This is a LoRA adapter (peft) on `{public_base(base_model)}`." if is_adapter else ""),
         "## Usage\n\n" + usage_snippet(model_id, is_adapter),
         "## Recipe\n\n```yaml\n" + yaml.safe_dump(recipe, sort_keys=False) + "```",
     ]
@@ -208,12 +246,13 @@ def save_card(card, folder) -> Path:
     return path
 
 
-def fix_adapter_base(folder, base_model: str) -> None:
-    """peft records the base as given on the command line (often relative); make it a Hub id or absolute path."""
+def fix_adapter_base(folder, base_model: str, public: bool = False) -> None:
+    """peft records the base as given on the command line (often relative); make it a Hub id or absolute path, or
+    with `public` (a folder the Trainer uploads as it trains: hub_strategy checkpoint) as public_base names it."""
     path = Path(folder) / "adapter_config.json"
     if path.exists():
         config = json.loads(path.read_text())
-        config["base_model_name_or_path"] = base_reference(base_model)
+        config["base_model_name_or_path"] = public_base(base_model) if public else base_reference(base_model)
         from store.runs import write_json
 
         write_json(path, config)
@@ -231,7 +270,7 @@ class CardCallback(TrainerCallback):
 
     def write(self, folder, state, model=None) -> None:
         base = self.model_args.model_name_or_path
-        fix_adapter_base(folder, base)
+        fix_adapter_base(folder, base, public=self.training_args.push_to_hub)  # the Trainer's pushes upload it
         save_card(build_card(folder, self.method, base, self.script_args, self.training_args, self.model_args,
                              state.log_history, packed_attention_ran=packed_attention_ran(model)), folder)
 
@@ -377,18 +416,42 @@ def add_card_evaluation(output_dir, title: str, metrics: dict) -> None:
     write_text(path, f"{head}{section}\n{sep}{recipe}" if sep else f"{text}\n{section}")
 
 
+PUSH_IGNORED = ["checkpoint-*", "*.pt", "runs/*", "training_args.bin", "train_metrics.json", ".privacy-align-output"]
+
+
+def published_files(output_dir) -> dict[str, Path | bytes]:
+    """What a push uploads: the folder's files (path in repo -> file), less PUSH_IGNORED (checkpoints, the trainer's
+    state, our run marker), and an adapter's config naming its base as public_base does (the folder keeps the
+    absolute path that loads it here)."""
+    from huggingface_hub.utils import filter_repo_objects
+    from huggingface_hub.utils._paths import DEFAULT_IGNORE_PATTERNS  # what upload_folder adds to its ignores
+
+    folder = Path(output_dir).resolve()
+    files = {p.relative_to(folder).as_posix(): p for p in sorted(folder.glob("**/*")) if p.is_file()}
+    kept = filter_repo_objects(files, ignore_patterns=[*PUSH_IGNORED, *DEFAULT_IGNORE_PATTERNS])
+    upload: dict[str, Path | bytes] = {name: files[name] for name in kept}
+    if "adapter_config.json" in upload:
+        config = json.loads(files["adapter_config.json"].read_text())
+        base = config.get("base_model_name_or_path")
+        if isinstance(base, str) and Path(base).is_absolute():
+            config["base_model_name_or_path"] = public_base(base)
+            upload["adapter_config.json"] = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
+    return upload
+
+
 def publish(output_dir, hub_model_id: str | None, private: bool | None = None,
             message: str = "privacy-align: final model") -> str:
-    """Upload the final folder (weights, processor, card) as one commit; the token comes from the environment."""
-    from huggingface_hub import HfApi
+    """Upload the final folder (weights, processor, card: published_files) as one commit; the token comes from the
+    environment."""
+    from huggingface_hub import CommitOperationAdd, HfApi
 
     if not hub_model_id:
         raise InputError("command line", None, "hub_model_id",
                          "push_to_hub needs it (e.g. your-name/qwen2-vl-7b-spy-nca-p)")
     api = HfApi(token=os.environ.get("HF_TOKEN"))
     api.create_repo(hub_model_id, private=private, exist_ok=True)
-    api.upload_folder(repo_id=hub_model_id, folder_path=output_dir, commit_message=message,
-                      ignore_patterns=["checkpoint-*", "*.pt", "runs/*", "training_args.bin", "train_metrics.json",
-                                       ".privacy-align-output"])
+    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=source)
+                  for name, source in published_files(output_dir).items()]
+    api.create_commit(repo_id=hub_model_id, operations=operations, commit_message=message)
     print(f"published {output_dir} to {api.endpoint}/{hub_model_id}", flush=True)
     return hub_model_id

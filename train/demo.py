@@ -34,10 +34,13 @@ from store.runs import claim_folder, write_json, write_text
 from train.common import run
 
 ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "eval" / "suites" / "demo.yaml"
 STAGES = ("base", "sft", "nca_p")
 STAGE_NAMES = {"base": "base (untrained)", "sft": "SFT", "nca_p": "SFT + NCA-P"}
 SETTINGS = {"without_distractors": False, "with_distractors": True}
 TABLE = {"ics": "ICS", "hms": "HMS", "rta_nonconflict": "RtA", "ata_nonconflict": "AtA", "ata_conflict": "AtA conflict"}
+OFFLINE_QIDS = ("q1", "q2", "q3")  # SpatialTrust's questions scored without an LLM judge
+SPATIAL_COLUMN = "SpatialTrust Q1-Q3"
 METHODS = {"sft": "sft", "dpo": "dpo", "nca": "dpo", "nca_p": "nca_p"}  # method -> training script (the studies)
 
 
@@ -162,26 +165,52 @@ def training_summary(folder: Path) -> dict:
     return last
 
 
+def suite_command(model: Path, suite_out: Path, out: Path, args) -> list[str]:
+    """The `python -m eval suite` arguments that evaluate one checkpoint: eval/suites/demo.yaml (its root is
+    outputs/demo: --root when --out is elsewhere), and a --set for each evaluation option given to the demo."""
+    import os
+
+    shown = Path("eval/suites/demo.yaml")  # as a user types it in the checkout (the demo may run from a link to it)
+    config = str(shown) if shown.is_file() and os.path.samefile(shown, SUITE) else str(SUITE)
+    argv = ["--config", config, "--model", str(model), "--out", str(suite_out)]
+    if Path(out) != Path(strict_yaml.load(SUITE)["root"]):
+        argv += ["--root", str(out)]
+    for key, value in (("backend_options.batch_size", args.eval_batch_size),
+                       ("backend_options.max_new_tokens", args.max_new_tokens), ("sections.spy.limit", args.eval_limit)):
+        if value is not None:
+            argv += ["--set", f"{key}={value}"]
+    return argv
+
+
 def evaluate(stage: str, model: Path, out: Path, args, log) -> dict:
     """One checkpoint through the evaluation suite (eval/suites/demo.yaml: held-out SPY-Bench in both settings,
-    synthetic SpatialTrust), exactly the README's `python -m eval suite` command; resumable."""
-    from eval.suite import run_suite
+    synthetic SpatialTrust): the command it prints, run through that command's own parser; resumable."""
+    import shlex
 
-    suite_out = out / "suite" / stage
-    log(f"eval {stage}: python -m eval suite --config eval/suites/demo.yaml --model {model} --out {suite_out}")
-    overrides = {"backend_options": {"batch_size": args.eval_batch_size, "max_new_tokens": args.max_new_tokens},
-                 "sections": {"spy": {"limit": args.eval_limit}}}
-    results = run_suite(ROOT / "eval" / "suites" / "demo.yaml", str(model), suite_out, root=str(out),
-                        overrides=overrides)
+    from eval import suite
+
+    argv = suite_command(model, out / "suite" / stage, out, args)
+    log(f"eval {stage}: python -m eval suite {shlex.join(argv)}")
+    results = suite.run_args(suite.parser().parse_args(argv))
     spy = results["sections"]["spy"]
+    spatial = results["sections"]["spatialtrust"]["one-pass"]
     for setting in SETTINGS:
-        spy[setting]["spatialtrust_overall"] = results["sections"]["spatialtrust"]["one-pass"]["overall"]
+        spy[setting].update(spatialtrust_overall=spatial["overall"], spatialtrust_images=spatial["n_images"],
+                            spatialtrust_offline=sum(spatial[q] for q in OFFLINE_QIDS) / len(OFFLINE_QIDS),
+                            spatialtrust_unparsable=max(spatial["unparsable"][q] for q in OFFLINE_QIDS))
         log(f"eval {stage} {setting}: " + ", ".join(f"{TABLE[k]} {_fmt(spy[setting][k])}" for k in TABLE))
     return spy
 
 
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.1f}"
+
+
+def spatialtrust_cell(metrics: dict) -> str:
+    """The SpatialTrust column: what scores offline (Q1-Q3) and, where answers had nothing to score, how many."""
+    bad = metrics["spatialtrust_unparsable"]
+    return _fmt(metrics["spatialtrust_offline"]) + (f" ({bad}/{metrics['spatialtrust_images']} unparsable)" if bad
+                                                    else "")
 
 
 def plot(report: dict, out: Path, path: Path) -> None:
@@ -225,15 +254,21 @@ def plot(report: dict, out: Path, path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="outputs/demo")
-    parser.add_argument("--sft-steps", type=option("sft_steps"), default=None, help="default: recipes/demo/sft.yaml (80)")
+    parser.add_argument("--sft-steps", type=option("sft_steps"), default=None, help="default: recipes/demo/sft.yaml (120)")
     parser.add_argument("--nca-p-steps", type=option("nca_p_steps"), default=None, help="default: recipes/demo/nca_p.yaml (10)")
     parser.add_argument("--train-per-label", type=option("train_per_label"), default=30, help="synthetic SPY-Tune items per category")
-    parser.add_argument("--train-absolute-per-label", type=option("train_per_label"), default=240,
+    parser.add_argument("--train-absolute-per-label", type=option("train_per_label"), default=60,
                         help="synthetic SPY-Tune items per absolute category (always refused: 5 of SPY's 67)")
+    parser.add_argument("--train-scenarios", choices=("one", "pool"), default="pool",
+                        help="scenarios per synthetic SPY-Tune item: one conflict and one privacy scenario, or its "
+                             "category's whole pool (two of each: more of the rows are scenario cases)")
     parser.add_argument("--test-per-label", type=option("test_per_label"), default=1, help="held-out SPY-Bench items per category")
-    parser.add_argument("--eval-batch-size", type=option("eval_batch_size"), default=256)
-    parser.add_argument("--max-new-tokens", type=option("max_new_tokens"), default=24)
-    parser.add_argument("--eval-limit", type=option("eval_limit"), default=None, help="evaluate only the first N samples (tests)")
+    parser.add_argument("--eval-batch-size", type=option("eval_batch_size"), default=None,
+                        help="default: eval/suites/demo.yaml's (given: --set on the printed suite command)")
+    parser.add_argument("--max-new-tokens", type=option("max_new_tokens"), default=None,
+                        help="default: eval/suites/demo.yaml's (given: --set on the printed suite command)")
+    parser.add_argument("--eval-limit", type=option("eval_limit"), default=None,
+                        help="evaluate only the first N SPY-Bench samples (tests)")
     parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                         help="extra recipe overrides for both stages, e.g. --train-args --logging_steps 5")
     args = parser.parse_args(argv)
@@ -247,7 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     model_dir, data_dir = out / "tiny-qwen2vl", out / "synthetic-spy-tune"
     build_once(model_dir, lambda d: build_tiny_model(d, **DEMO_CONFIG))
     build_once(data_dir, lambda d: synthetic.build(d, args.train_per_label, args.test_per_label,
-                                                   train_absolute_per_label=args.train_absolute_per_label))
+                                                   train_absolute_per_label=args.train_absolute_per_label,
+                                                   train_whole_pool=args.train_scenarios == "pool"))
     log(f"tiny Qwen2-VL in {model_dir}, synthetic SPY-Tune / held-out SPY-Bench in {data_dir}")
 
     # Each checkpoint is evaluated while the next stage starts (its imports and set-up leave a core idle): the base
@@ -281,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # the demo's suites share one config: the viewer is told its inputs (not trusting results.json's, which lie
     # outside each suite folder)
-    inputs = suite_inputs(load_config(ROOT / "eval" / "suites" / "demo.yaml", root=str(out)))
+    inputs = suite_inputs(load_config(SUITE, root=str(out)))
     compare([out / "suite" / stage for stage in STAGES], out / "leaderboard", names=[STAGE_NAMES[s] for s in STAGES],
             inputs=inputs)
     report = {stage: results[stage]["without_distractors"] for stage in STAGES}
@@ -298,13 +334,16 @@ def main(argv: list[str] | None = None) -> None:
         for stage in STAGES:
             rows.append({"setting": setting, "model": STAGE_NAMES[stage],
                          **{TABLE[k]: _fmt(metrics[stage][k]) for k in TABLE},
-                         "SpatialTrust": _fmt(metrics[stage]["spatialtrust_overall"])})
-    table = markdown_table(rows, ["setting", "model", *TABLE.values(), "SpatialTrust"])
+                         SPATIAL_COLUMN: spatialtrust_cell(metrics[stage])})
+    table = markdown_table(rows, ["setting", "model", *TABLE.values(), SPATIAL_COLUMN])
+    note = (f"{SPATIAL_COLUMN}: the synthetic SpatialTrust set ({report['base']['spatialtrust_images']} images, "
+            "one-pass), the mean of Q1-Q3, which score offline (Q4/Q5 need an LLM judge and score 0 with the rule "
+            "judge). The demo trains on SPY-Tune only: an answer with no JSON to read scores 0 (unparsable).")
     write_json(out / "report.json", report)
     write_text(out / "report.md", f"# privacy-align demo (held-out synthetic SPY-Bench, rule judge)\n\n{table}\n"
-                                  f"\nwall time of this run: {report['wall_seconds']} s\n")
+                                  f"\n{note}\n\nwall time of this run: {report['wall_seconds']} s\n")
     plot(report, out, out / "report.png")
-    print("\n" + table)
+    print("\n" + table + "\n" + note)
     log(f"done in {report['wall_seconds']} s: {out / 'report.json'}, {out / 'report.md'}, {out / 'report.png'}")
 
 

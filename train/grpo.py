@@ -35,6 +35,7 @@ from train.common import (  # noqa: E402
     resume_checkpoint,
     run,
 )
+from train.grpo_console import use_console  # noqa: E402
 from train.rewards import JudgeSettings, VerdictJudge, make_reward_funcs  # noqa: E402
 
 # GRPO's options that take one of a few words (TRL 1.16's GRPOConfig; an unknown one failed mid-training). Their
@@ -133,6 +134,7 @@ def main():
         peft_config=get_peft_config(model_args),
     )
     attach(trainer, "grpo", script_args, training_args, model_args)
+    use_console(trainer, training_args.reward_funcs)  # a short line per logging window; the full record is kept
     trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
     # save / push
     finish(trainer, "grpo", script_args, training_args, model_args)

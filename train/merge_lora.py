@@ -55,7 +55,7 @@ def merge(adapter, out, dtype: str = "auto") -> Path:
         card.data.library_name = "transformers"
         card.data.tags = [t for t in (card.data.tags or []) if t != "lora"]
         card.text = (card.text.replace("This is a LoRA adapter (peft) on", "LoRA adapter merged into")
-                     + f"\n\nMerged from the LoRA adapter `{adapter.resolve()}` with `python -m train.merge_lora`.\n")
+                     + f"\n\nMerged from the LoRA adapter `{adapter.resolve().name}` with `python -m train.merge_lora`.\n")
         card.save(tmp / "README.md")
     if out.exists():
         out.rmdir()

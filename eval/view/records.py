@@ -365,6 +365,45 @@ def suite_rows(folder, given: dict | None = None) -> dict:
     return rows
 
 
+# The roots a suite's viewer needs that `eval compare` names with its own options: (section, key) -> (option, the
+# key of `given` it fills). GeoPrivacy's labels and metadata default to the released files.
+COMPARE_FLAGS = {("spy", "images"): ("--images", "images"), ("geo", "images"): ("--geo-images", "images"),
+                 ("spatialtrust", "data"): ("--spatialtrust-data", "data"),
+                 ("spatialtrust", "image_root"): ("--spatialtrust-data", "data")}
+
+
+def roots_outside(folder, given: dict | None = None) -> dict[str, str]:
+    """option -> the path to give it, for each root that a suite folder records (results.json's `inputs`), that its
+    viewer needs, that lies outside the folder (suite_rows does not use it) and that `given` does not name. The path
+    is the recorded one joined to the folder as text, relative to the current directory: nothing outside the folder
+    is looked at."""
+    import os
+    import shlex
+
+    folder = Path(folder)
+    results = read_json(contained(folder, folder / "results.json"))
+    sections = results.get("sections") if isinstance(results, dict) and isinstance(results.get("sections"), dict) \
+        else {}
+    inputs = results.get("inputs") if isinstance(results, dict) and isinstance(results.get("inputs"), dict) else {}
+    wanted = {}
+    for (section, key), (flag, given_key) in COMPARE_FLAGS.items():
+        recorded = inputs.get(section) if isinstance(inputs.get(section), dict) else {}
+        value = recorded.get(key)
+        if not sections.get(section) or ((given or {}).get(section) or {}).get(given_key) is not None \
+                or flag in wanted or not isinstance(value, str):
+            continue
+        try:
+            inside(folder, value, resolve=True)
+            continue  # used as recorded
+        except InputError:
+            pass
+        value = recorded.get("data") if key == "image_root" else value  # the data file names its images
+        if isinstance(value, str):
+            path = os.path.normpath(value if os.path.isabs(value) else os.path.relpath(os.path.join(folder, value)))
+            wanted[flag] = shlex.quote(path) if path.isprintable() else ascii(path)
+    return wanted
+
+
 def load_run(source, given: dict | None = None) -> dict:
     """key -> (item, outcome) of one run: a suite folder or one run file, told apart by content. `given`: the
     inputs the user named, as suite_rows takes them (`spy.images` is also a SPY-Bench or GeoPrivacy run file's

@@ -78,21 +78,22 @@ def write_images(made: dict) -> tuple[str, str]:
 
 
 def category_names(rows: list[dict]) -> dict:
-    """category key -> its display name, per benchmark."""
+    """`<benchmark>:<category>` -> the category's display name: a category belongs to its benchmark (SpatialTrust's
+    q1 answer "A" and GeoPrivacy's Q7 "A" are two categories)."""
     from data_prep.categories import as_categories
 
     names = {}
     spy_texts = as_categories(None).label2text()
     for row in rows:
-        key = row["category"]
+        key, category = f"{row['bench']}:{row['category']}", row["category"]
         if key in names:
             continue
         if row["bench"] == "spy":
-            names[key] = f"{key.split('_')[0]} {spy_texts.get(key, key.partition('_')[2])}"
+            names[key] = f"{category.split('_')[0]} {spy_texts.get(category, category.partition('_')[2])}"
         elif row["bench"] == "geo":
-            names[key] = f"Q7 gold {key}: {GEO_GRANULARITY.get(key, key)}"
+            names[key] = f"Q7 gold {category}: {GEO_GRANULARITY.get(category, category)}"
         else:
-            names[key] = f"q1 gold {key}"
+            names[key] = f"q1 gold {category}"
     return names
 
 

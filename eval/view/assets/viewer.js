@@ -73,9 +73,15 @@ const VIEWER = (() => {
   };
   const CHANGES = { improved: "wrong → right (better)", worsened: "right → wrong (worse)", "score up": "score up (partly right)",
     "score down": "score down (partly right)", same: "unchanged", "n/a": "not comparable" };
+  // A category belongs to its benchmark: SpatialTrust's "q1 gold A" is not a SPY-Bench category, and GeoPrivacy's
+  // "A" is not SpatialTrust's. Its key and its name, per benchmark.
+  const BENCHES = { spy: "SPY-Bench", geo: "VLM-GeoPrivacy", st: "SpatialTrust" };
+  const benchName = (b) => BENCHES[b] || str(b);
+  const catKey = (r) => r.bench + ":" + r.category;
+  const catName = (k) => { const n = state.meta.categories[k]; return n != null ? str(n) : str(k).slice(str(k).indexOf(":") + 1); };
   const FACETS = [
     { name: "section", label: "benchmark / setting", value: (r) => r.section },
-    { name: "category", label: "category", value: (r) => r.category, text: (v) => state.meta.categories[v] || v },
+    { name: "category", label: "category", value: catKey, text: catName, grouped: true },
     { name: "scenario", label: "scenario kind", value: (r) => r.scenario, only: "spy" },
     { name: "variant", label: "instruction variant", value: (r) => r.variant, only: "spy" },
     { name: "verdict", label: "verdict (focus run)", value: (r) => { const o = outcome(r, state.focus); return o && o.verdict != null ? o.verdict : "(none)"; } },
@@ -165,7 +171,7 @@ const VIEWER = (() => {
   }
   function haystack(row) {  // built on the first search, not while loading
     const d = row.detail || {};
-    const parts = [row.key, row.category, state.meta.categories[row.category] || "", str(d.question), str(d.prompt)];
+    const parts = [row.key, row.category, catName(catKey(row)), str(d.question), str(d.prompt)];
     for (const o of row.runs) if (o) parts.push(str(o.answer), str(o.verdict));
     return (row._hay = parts.join("\n").toLowerCase());
   }
@@ -228,8 +234,14 @@ const VIEWER = (() => {
       if (current && !counts.has(current)) values.push(current);
       values.sort((a, b) => String(a).localeCompare(String(b), undefined, { numeric: true }));
       let total = 0; counts.forEach((c) => { total += c; });
-      fill(select, el("option", { value: "" }, `all (${total})`), values.map((v) =>
-        el("option", { value: str(v), "data-count": counts.get(v) || 0, selected: v === current }, `${str(f.text ? f.text(v) : v)} (${counts.get(v) || 0})`)));
+      const option = (v) => el("option", { value: str(v), "data-count": counts.get(v) || 0, selected: v === current },
+        `${str(f.text ? f.text(v) : v)} (${counts.get(v) || 0})`);
+      if (f.grouped) {  // one group of options per benchmark, in the order the benchmarks come
+        const groups = state.meta.benches.map((b) => [b, values.filter((v) => String(v).startsWith(b + ":"))]).filter(([, vs]) => vs.length);
+        fill(select, el("option", { value: "" }, `all (${total})`), groups.map(([b, vs]) => el("optgroup", { label: benchName(b) }, vs.map(option))));
+      } else {
+        fill(select, el("option", { value: "" }, `all (${total})`), values.map(option));
+      }
     }
     $("#count").textContent = shown.length;
     $("#count").dataset.n = shown.length;
@@ -253,16 +265,27 @@ const VIEWER = (() => {
     if (state.single != null && page.length) document.querySelector(".card").scrollIntoView();
   }
   const fmt = (v) => (v == null ? "–" : v.toFixed(1));
+  // One block per benchmark and setting among the shown rows (SPY-Bench without / with distractors, SpatialTrust
+  // one-pass, ...): a score over two settings or two benchmarks would match none of results.json's numbers.
   function renderMetrics(rows) {
-    const lines = [];
-    state.meta.runs.forEach((run, i) => {
-      const m = runMetrics(rows, i);
-      const cells = Object.entries(m).filter(([k]) => k !== "n").map(([k, v]) =>
-        el("span", { class: "metric", "data-run": i, "data-name": k, "data-value": v == null ? "" : v }, (k === "right" ? "right %" : k) + " ", el("b", {}, fmt(v))));
-      if (i) lines.push(el("br"));
-      lines.push(el("span", { class: "run" }, swatch(RUN_COLORS[i % RUN_COLORS.length]), el("b", {}, str(run.name)), ` (n=${m.n}): `, cells));
-    });
-    fill($("#metrics"), lines);
+    const groups = new Map();
+    for (const row of rows) {
+      const g = row.bench + "/" + row.section;
+      if (!groups.has(g)) groups.set(g, []);
+      groups.get(g).push(row);
+    }
+    const order = (g) => [state.meta.benches.indexOf(g.split("/")[0]), state.meta.sections.indexOf(g.slice(g.indexOf("/") + 1))];
+    const keys = [...groups.keys()].sort((a, b) => { const x = order(a), y = order(b); return x[0] - y[0] || x[1] - y[1]; });
+    fill($("#metrics"), keys.map((g) => {
+      const [bench, section] = [g.split("/")[0], g.slice(g.indexOf("/") + 1)];
+      const lines = state.meta.runs.map((run, i) => {
+        const m = runMetrics(groups.get(g), i);
+        const cells = Object.entries(m).filter(([k]) => k !== "n").map(([k, v]) =>
+          el("span", { class: "metric", "data-run": i, "data-group": g, "data-name": k, "data-value": v == null ? "" : v }, (k === "right" ? "right %" : k) + " ", el("b", {}, fmt(v))));
+        return el("div", { class: "run" }, swatch(RUN_COLORS[i % RUN_COLORS.length]), el("b", {}, str(run.name)), ` (n=${m.n}): `, cells);
+      });
+      return el("div", { class: "group", "data-group": g }, el("div", { class: "label" }, `${benchName(bench)} · ${str(section)}`), lines);
+    }));
   }
   function renderChanges() {
     const box = $("#changes");
@@ -274,8 +297,8 @@ const VIEWER = (() => {
       if (!passes(row, "changed")) continue;
       const c = change(row);
       if (!KINDS.includes(c)) continue;
-      const p = per.get(row.category) || [0, 0, 0, 0];
-      p[KINDS.indexOf(c)] += 1; per.set(row.category, p);
+      const p = per.get(catKey(row)) || [0, 0, 0, 0];
+      p[KINDS.indexOf(c)] += 1; per.set(catKey(row), p);
       totals[c] += 1;
     }
     const names = state.meta.runs.map((r) => str(r.name));
@@ -288,7 +311,7 @@ const VIEWER = (() => {
     const rows = [...per.entries()].sort((a, b) => b[1].reduce((x, y) => x + y, 0) - a[1].reduce((x, y) => x + y, 0));
     const table = rows.length ? el("table", { id: "per-category" },
       el("tr", {}, el("th", {}, "category"), shownKinds.map((k) => el("th", {}, heads[k]))),
-      rows.slice(0, 12).map(([c, counts]) => el("tr", { "data-category": c }, el("td", {}, str(state.meta.categories[c] || c)),
+      rows.slice(0, 12).map(([c, counts]) => el("tr", { "data-category": c }, el("td", {}, catName(c)),
         shownKinds.map((k) => el("td", {}, counts[KINDS.indexOf(k)])))),
       rows.length > 12 ? el("tr", {}, el("td", { colspan: shownKinds.length + 1 }, `… ${rows.length - 12} more categories`)) : null) : null;
     fill(box, summary, table);
@@ -396,7 +419,7 @@ const VIEWER = (() => {
       o.answer != null ? longText("pre", "said", o.answer) : null, verdict, agree, judge);
   }
   function card(row) {
-    const chips = [el("span", { class: "chip" }, str(row.section)), el("span", { class: "chip" }, str(state.meta.categories[row.category] || row.category))];
+    const chips = [el("span", { class: "chip" }, str(row.section)), el("span", { class: "chip" }, catName(catKey(row)))];
     if (row.absolute) chips.push(el("span", { class: "chip abs" }, "absolute"));
     if (row.scenario) chips.push(el("span", { class: "chip " + (["none", "conflict", "privacy"].includes(row.scenario) ? row.scenario : "") }, "scenario: " + str(row.scenario)));
     if (row.variant) chips.push(el("span", { class: "chip" }, "instruction: " + str(row.variant)));
