@@ -84,8 +84,10 @@ def test_method_trains_and_saves(script, recipe, method, family, tiny_family_dir
     for weights in (out / "model.safetensors", out / "checkpoint-2" / "model.safetensors"):
         assert weights.stat().st_mode & 0o777 == new_file_mode()
     card = (out / "README.md").read_text()
-    # a local base is no Hub id: the card names its absolute path in the text, not as base_model metadata
-    assert f"`{tiny_model_dir}` fine-tuned with **{METHOD_NAMES[method]}**" in card and "base_model" not in card
+    # a local base is no Hub id: the card names its folder (never the machine's path), not as base_model metadata
+    assert f"`{tiny_model_dir.name}` (a local model folder, not on the Hub) fine-tuned with " \
+           f"**{METHOD_NAMES[method]}**" in card and "base_model" not in card
+    assert str(tiny_model_dir) not in card
     assert f"- {family}\n" in card  # the family's tag: the saved config's model_type
     if method != "sft":
         assert any("rewards/accuracies" in entry for entry in history)
