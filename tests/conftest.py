@@ -20,18 +20,30 @@ os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([_ROOT, *filter(None, o
 import pytest  # noqa: E402
 
 # Modules whose module-scoped fixtures are expensive (vLLM engines and `vllm serve`, a trained checkpoint, Chromium, a
-# built docs site): under `--dist loadgroup` all their tests run on one worker, so each fixture is built once.
+# built docs site): all their tests run on one worker, so each fixture is built once.
 ONE_WORKER = {"test_vllm", "test_grpo", "test_hardening_runtime", "test_viewer", "test_viewer_hardening",
               "test_docs_site", "test_docs"}
 # Modules that share a session fixture: one worker for all of them (`demo_outputs`: one `make demo` per session).
 SHARED = {"test_demo": "demo", "test_docs_run": "demo"}
 
 
-def pytest_collection_modifyitems(items):
-    for item in items:
-        name = item.module.__name__
-        if name in ONE_WORKER or name in SHARED:
-            item.add_marker(pytest.mark.xdist_group(SHARED.get(name, name)))
+def worker_group(nodeid: str) -> str | None:
+    """The group whose tests share one pytest-xdist worker, from a test's id (None: any worker)."""
+    module = os.path.splitext(os.path.basename(nodeid.split("::", 1)[0]))[0]
+    return SHARED.get(module, module if module in ONE_WORKER else None)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's load scheduling with the groups above. `--dist loadgroup` reads them from an `xdist_group` mark that
+    xdist 3.8 writes into `item._nodeid`, which pytest 9.2 no longer reads (the node id is `item._id`): every group
+    was split over the workers and its fixtures built on each (`make demo` twice per run)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return worker_group(nodeid) or nodeid
+
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
