@@ -49,8 +49,8 @@ def summary(logs: dict, step: int, max_steps: int, reward_names: list[str]) -> s
     return " | ".join(parts)
 
 
-class GRPOConsole(ProgressCallback):
-    """The progress bar, with `summary`'s line per logging window in place of the whole dict."""
+class _SummaryLines:
+    """`summary`'s line per training window in place of the whole dict; other records as the parent prints them."""
 
     def __init__(self, reward_names: list[str]):
         super().__init__()
@@ -60,8 +60,23 @@ class GRPOConsole(ProgressCallback):
         line = summary(logs or {}, state.global_step, state.max_steps, self.reward_names)
         if line is None:
             return super().on_log(args, state, control, logs=logs, **kwargs)
+        self.show(state, line)
+
+
+class GRPOConsole(_SummaryLines, ProgressCallback):
+    """The progress bar, with `summary`'s line per logging window in place of the whole dict."""
+
+    def show(self, state, line: str) -> None:
         if state.is_world_process_zero and self.training_bar is not None:
             self.training_bar.write(line)
+
+
+class _Printer(_SummaryLines, PrinterCallback):
+    """With disable_tqdm: `summary`'s line printed, no bar."""
+
+    def show(self, state, line: str) -> None:
+        if state.is_local_process_zero:
+            print(line, flush=True)
 
 
 def use_console(trainer, reward_names: list[str]) -> None:
@@ -69,17 +84,3 @@ def use_console(trainer, reward_names: list[str]) -> None:
     for kind in (ProgressCallback, PrinterCallback):
         if trainer.pop_callback(kind) is not None:
             trainer.add_callback(GRPOConsole(reward_names) if kind is ProgressCallback else _Printer(reward_names))
-
-
-class _Printer(PrinterCallback):
-    """With disable_tqdm: `summary`'s line printed, no bar."""
-
-    def __init__(self, reward_names: list[str]):
-        self.reward_names = list(reward_names)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        line = summary(logs or {}, state.global_step, state.max_steps, self.reward_names)
-        if line is None:
-            return super().on_log(args, state, control, logs=logs, **kwargs)
-        if state.is_local_process_zero:
-            print(line, flush=True)
