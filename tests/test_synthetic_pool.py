@@ -2,8 +2,8 @@
 are otherwise the ones drawn without it, so data built without it (the study's) is unchanged."""
 
 from data_prep import synthetic
-from data_prep.spy_tune import sft_rows
 from data_prep.categories import as_categories
+from data_prep.spy_tune import sft_rows
 
 
 def test_whole_pool_lists_the_pool_and_changes_nothing_else(tmp_path):
