@@ -27,12 +27,14 @@ study: $(STAMP)
 	$(OFFLINE) $(PY) -m study --out $(OUT)
 
 # The tuned protocol (docs/study.md): the six methods (guided GRPO: issue 45), each swept per budget on a validation
-# split (two sweep seeds, then a 2-D refinement), 10 seeds at the kept settings, 1x and 3x budgets matched in compute,
-# per-seed success, intervals, paired tests, the frontier, the verdict and a recommendation; two runs at a time
-# (docs/study.md: time and sizing). Then `python -m study.tuned publish $(OUT)`.
+# split (two sweep seeds), 10 seeds at the kept settings, 1x and 3x budgets matched in compute, per-seed success,
+# intervals, paired tests, the frontier, the verdict and a recommendation; two runs at a time. Without the protocol's
+# 2-D refinement (74 more sweep runs): given up so that the study fits a session on the slower machines of our kind
+# (docs/study.md, "Sizing": what each part cost when measured). Then `python -m study.tuned publish $(OUT)`.
 study-tuned: OUT = outputs/study-tuned
 study-tuned: $(STAMP)
-	$(OFFLINE) $(PY) -m study --protocol tuned --jobs 2 --methods sft dpo nca nca_p grpo grpo_guided --out $(OUT)
+	$(OFFLINE) $(PY) -m study --protocol tuned --jobs 2 --methods sft dpo nca nca_p grpo grpo_guided \
+		--refine-lr-factors 1 --refine-beta-factors 1 --out $(OUT)
 
 # The suite on a worker per core (pytest-xdist; modules with expensive shared fixtures stay on one worker, see
 # tests/conftest.py); its budget is in docs/development.md.

@@ -155,7 +155,13 @@ def recorded_structure(study: dict) -> dict:
 
 
 def check(recorded: dict, other: dict) -> dict:
-    """The estimate, from `recorded`, of the study `other` ran (its own structure), against its measured wall time."""
+    """The estimate, from `recorded`, of the study `other` ran (its own structure), against its measured wall time:
+    only where the invocation that wrote `other` trained all of it (a resumed study's wall time is its last part's)."""
+    for phase in ("final_runs", "sweep_runs"):
+        counted = other.get(phase)
+        if counted and counted["trained"] < counted["all"]:
+            raise ValueError(f"the study checked was resumed: its last invocation trained {counted['trained']} of its "
+                             f"{counted['all']} {phase.replace('_', ' ')}, so its wall time does not measure the whole")
     s = recorded_structure(other)
     e = estimate(recorded, s["methods"], s["sweep_seeds"], s["seeds"], s["jobs"], s["own_1x"], s["refine_new"],
                  s["beta_new"], samples=s["samples"], lr_points=s["lr_points"])

@@ -21,7 +21,7 @@ from study.publish import READABLE, publish, read_study
 from study.selection import BETA_METHODS
 from study.tables import tables
 
-STUDY_METHODS = ("sft", "dpo", "nca", "nca_p", "grpo", "grpo_guided")  # the Makefile's study-tuned
+STUDY_METHODS = ("sft", "dpo", "nca", "nca_p", "grpo", "grpo_guided")  # the Makefile's study-tuned (no refinement)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,10 +51,12 @@ def main(argv: list[str] | None = None) -> None:
     guess.add_argument("--seeds", type=option("seed"), nargs="+", default=list(range(SEEDS)),
                        help="the final runs' seeds, as the study takes them (default: 0-9)")
     guess.add_argument("--jobs", type=int_at_least(1), default=2, help="runs at once (default: 2)")
-    guess.add_argument("--refine-lr-factors", type=positive_float, nargs="+", default=[1 / 1.5, 1, 1.5],
-                       help="the refinement's learning-rate factors, as the study takes them (1 alone: none)")
-    guess.add_argument("--refine-beta-factors", type=positive_float, nargs="+", default=[1 / 3, 1, 3],
-                       help="the refinement's beta factors, as the study takes them")
+    guess.add_argument("--refine-lr-factors", type=positive_float, nargs="+", default=[1],
+                       help="the refinement's learning-rate factors, as the study takes them (default: 1 alone, no "
+                            "refinement, as the Makefile's; the protocol's grid: 0.6667 1 1.5)")
+    guess.add_argument("--refine-beta-factors", type=positive_float, nargs="+", default=[1],
+                       help="the refinement's beta factors, as the study takes them (default: 1, the Makefile's; the "
+                            "protocol's grid: 0.3333 1 3)")
     guess.add_argument("--own-1x", nargs="*", choices=list(NAMES), default=[],
                        help="the methods assumed to keep another setting for 1x (ten runs of their own each); the "
                             "others' cost of doing so is printed")
@@ -82,12 +84,19 @@ def main(argv: list[str] | None = None) -> None:
     recorded = read_recorded(args.recorded)
     lr, beta = len(args.refine_lr_factors), len(args.refine_beta_factors)
     refine = {m: (lr * beta - 1 - (beta > 1) if m in BETA_METHODS else lr - 1) for m in args.methods}
-    try:
-        result = (check(recorded, read_recorded(args.check)) if args.check else
-                  estimate(recorded, args.methods, len(args.sweep_seeds), len(args.seeds), args.jobs, args.own_1x,
-                           refine))
-    except ValueError as err:  # a method the recorded study has no runs of
-        raise InputError(args.recorded, None, "final", str(err)) from None
+    if args.check:
+        try:
+            result = check(recorded, read_recorded(args.check))
+        except ValueError as err:  # the checked study was resumed, or the recorded one lacks a method it ran
+            resumed = "resumed" in str(err)
+            raise InputError(args.check if resumed else args.recorded, None, "wall_seconds" if resumed else "final",
+                             str(err)) from None
+    else:
+        try:
+            result = estimate(recorded, args.methods, len(args.sweep_seeds), len(args.seeds), args.jobs, args.own_1x,
+                              refine)
+        except ValueError as err:  # a method the recorded study has no runs of
+            raise InputError(args.recorded, None, "final", str(err)) from None
     print(estimate_text(result, args.recorded))
 
 

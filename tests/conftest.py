@@ -33,6 +33,7 @@ def worker_group(nodeid: str) -> str | None:
     return SHARED.get(module, module if module in ONE_WORKER else None)
 
 
+@pytest.hookimpl(optionalhook=True)  # `-p no:xdist` (one process) has no such hook
 def pytest_xdist_make_scheduler(config, log):
     """xdist's load scheduling with the groups above. `--dist loadgroup` reads them from an `xdist_group` mark that
     xdist 3.8 writes into `item._nodeid`, which pytest 9.2 no longer reads (the node id is `item._id`): every group

@@ -361,6 +361,22 @@ def test_the_estimate_comes_within_25_percent_of_a_study_it_did_not_read():
         assert abs(check(evidence, other)["ratio"] - 1) <= 0.25
 
 
+def test_the_estimate_is_not_checked_against_a_resumed_study(tmp_path):
+    """A resumed study's wall_seconds is its last invocation's: `check` against it would compare the whole protocol's
+    estimate with a part of it, so it refuses, naming the study checked and what its last invocation trained."""
+    from cli.errors import InputError
+    from study import tuned
+    from study.estimate import check
+
+    resumed = _recorded(500.0, format=3, sweep_runs={"trained": 0, "all": 1})
+    with pytest.raises(ValueError, match="trained 0 of its 1 sweep runs"):
+        check(_recorded(500.0), resumed)
+    (tmp_path / "recorded.json").write_text(json.dumps(_recorded(500.0)))
+    (tmp_path / "resumed.json").write_text(json.dumps(resumed))
+    with pytest.raises(InputError, match="resumed.json.*wall_seconds.*was resumed"):
+        tuned.main(["estimate", str(tmp_path / "recorded.json"), "--check", str(tmp_path / "resumed.json")])
+
+
 def test_the_estimate_command_names_its_source_and_takes_seeds_as_a_list(capsys):
     from study import tuned
 
@@ -368,7 +384,10 @@ def test_the_estimate_command_names_its_source_and_takes_seeds_as_a_list(capsys)
                 "--methods", "dpo", "nca_p", "--own-1x", "dpo"])
     out = capsys.readouterr().out
     assert "reads" in out and "a recorded study" in out and "not this machine" in out
-    assert "final: 9 runs" in out and "sweep: 22 runs (22 points)" in out  # 6 long + DPO's 3 at 1x and "NCA-P" in out
+    assert "final: 9 runs" in out and "sweep: 8 runs (8 points)" in out  # 6 long + DPO's 3 at 1x; no refinement
+    tuned.main(["estimate", str(ROOT / "docs" / "study_tuned.json"), "--sweep-seeds", "100", "--methods", "dpo", "nca_p",
+                "--refine-lr-factors", "0.6667", "1", "1.5", "--refine-beta-factors", "0.3333", "1", "3"])
+    assert "sweep: 22 runs (22 points)" in capsys.readouterr().out  # the protocol's grid: 7 more points each
     parser = None
     import argparse
 
