@@ -8,7 +8,8 @@ this machine. What it reads from the recorded study.json:
   own wall times (layout 3 records them) or else from its measured wall time, when that invocation ran the whole
   study (layout 2: every final run trained, the sweep assumed with it); the factor 1 (the benchmark as measured) where
   neither can say;
-- the phase before the sweep (data, tiny model, backbone) from its record (layout 3), else OVERHEAD_SECONDS.
+- the phase before the sweep (data, tiny model, backbone) from its record (layout 3, not resumed), else
+  OVERHEAD_SECONDS.
 
 The protocol's runs are counted from its settings (the sweep's stages, the refinement, the seeds, the methods that
 keep another setting for 1x), and the parallel phases divided by --jobs. `check` holds the estimate of another
@@ -84,6 +85,25 @@ def run_seconds(kind: str, steps: int, per_step: float, overhead: dict, curve_po
     return {"train": steps * per_step, "overhead": extra}
 
 
+def resumed_phase(study: dict) -> tuple[str, dict] | None:
+    """(phase, its counts) of the first phase of which the invocation that wrote `study` trained only a part (its
+    other runs reused from an earlier one), or None: a resumed study's wall time and phases are its last part's."""
+    for phase in ("final_runs", "sweep_runs"):
+        counted = study.get(phase)
+        if counted and counted["trained"] < counted["all"]:
+            return phase, counted
+    return None
+
+
+def backbone_seconds(recorded: dict) -> float:
+    """The phase before the sweep: as the recorded study measured it, unless that study was resumed (its backbone
+    then reused, its phase a few seconds): the benchmark's figure."""
+    phases = recorded.get("phases", {})
+    if "backbone" in phases and resumed_phase(recorded) is None:
+        return phases["backbone"]
+    return OVERHEAD_SECONDS["backbone"]
+
+
 def calibration(recorded: dict) -> tuple[float, str]:
     """The factor on OVERHEAD_SECONDS that the recorded study supports, and how it was found."""
     long, curve_points = budget_names(recorded)[-1], len(recorded["curve_steps"])
@@ -106,7 +126,7 @@ def calibration(recorded: dict) -> tuple[float, str]:
     final = recorded.get("final_runs", {})
     if final and final.get("trained") == final.get("all") and runs:
         jobs = recorded.get("jobs", RECORDED_JOBS)
-        backbone = recorded.get("phases", {}).get("backbone", OVERHEAD_SECONDS["backbone"])
+        backbone = backbone_seconds(recorded)
         spare = (recorded["wall_seconds"] - backbone) * jobs - sum(t for _, _, t, _ in runs)
         if spare > 0:
             return spare / sum(o for *_, o in runs), (
@@ -133,7 +153,7 @@ def estimate(recorded: dict, methods: list[str], sweep_seeds: int, seeds: int, j
         seconds["sweep"] += counts["sweep"][m] * sum(sweep.values())
         seconds["final"] += counts["final"][m] * sum(final.values()) + counts["common"][m] * sum(common.values())
         each_common[m] = seeds * sum(common.values()) / jobs
-    backbone = recorded.get("phases", {}).get("backbone", OVERHEAD_SECONDS["backbone"])
+    backbone = backbone_seconds(recorded)
     total = backbone + (seconds["sweep"] + seconds["final"]) / jobs
     return {"step_seconds": per_step, "scale": scale, "basis": basis, "overhead": overhead, "counts": counts,
             "backbone": backbone, "sweep": seconds["sweep"] / jobs, "final": seconds["final"] / jobs, "total": total,
@@ -157,11 +177,10 @@ def recorded_structure(study: dict) -> dict:
 def check(recorded: dict, other: dict) -> dict:
     """The estimate, from `recorded`, of the study `other` ran (its own structure), against its measured wall time:
     only where the invocation that wrote `other` trained all of it (a resumed study's wall time is its last part's)."""
-    for phase in ("final_runs", "sweep_runs"):
-        counted = other.get(phase)
-        if counted and counted["trained"] < counted["all"]:
-            raise ValueError(f"the study checked was resumed: its last invocation trained {counted['trained']} of its "
-                             f"{counted['all']} {phase.replace('_', ' ')}, so its wall time does not measure the whole")
+    if resumed_phase(other):
+        phase, counted = resumed_phase(other)
+        raise ValueError(f"the study checked was resumed: its last invocation trained {counted['trained']} of its "
+                         f"{counted['all']} {phase.replace('_', ' ')}, so its wall time does not measure the whole")
     s = recorded_structure(other)
     e = estimate(recorded, s["methods"], s["sweep_seeds"], s["seeds"], s["jobs"], s["own_1x"], s["refine_new"],
                  s["beta_new"], samples=s["samples"], lr_points=s["lr_points"])

@@ -42,6 +42,16 @@ def _yes(value) -> str:
     return {True: "yes", False: "no", None: "n/a"}[value]
 
 
+def sweep_overall(summary: dict | None, seeds: dict, budget: str) -> str:
+    """A sweep point's validation composite: the mean over its sweep seeds and, with more than one, each seed's value
+    (a t interval over two seeds spans hundreds of points, outside the metric's range)."""
+    values = [s[budget].get("overall") for s in seeds.values()]
+    if not summary:
+        return "n/a"
+    text = fmt(summary["mean"])
+    return text + (f" ({', '.join(fmt(v) for v in values)})" if len(values) > 1 and None not in values else "")
+
+
 def sweep_table(report: dict) -> str:
     from eval.report import markdown_table
 
@@ -54,7 +64,7 @@ def sweep_table(report: dict) -> str:
             for b in budgets:
                 r = p["budgets"][b]
                 row[f"{b} val ICS / general / overall"] = (f"{fmt(r['ics'])} / {fmt(r['general'])} / "
-                                                           f"{ci(r['overall'])}")
+                                                           f"{sweep_overall(r['overall'], p['seeds'], b)}")
                 row[f"{b} moved / keeps general"] = f"{_yes(r['moved'])} / {_yes(r.get('keeps_general'))}"
                 if p["point"] == entry["kept"][b]:
                     rule = entry.get("rule", {}).get(b)
@@ -219,8 +229,9 @@ def tables(report: dict, alt: dict | None = None) -> str:
              "GRPO's generation at one round (dynamic sampling's extra rounds are in the measured compute below).",
              "", plan_table(report), "## Sweep (validation split)", "",
              f"Each point trained to {budgets[budget_names(report)[-1]]} steps with a checkpoint at {budgets['1x']}, "
-             f"means over its sweep seeds; the band: two of one run's measurement noise on those items (binomial, at "
-             "the backbone's score, at least one item) around the backbone's"
+             "means over its sweep seeds (the composite's value per seed in parentheses); the band: two of one "
+             "run's measurement noise on those items (binomial, at the backbone's score, at least one item) around "
+             "the backbone's"
              + (f" (ICS {fmt(report['backbone_val'].get('ics'))} over {report['backbone_val'].get('n_ics')} pairs, "
                 f"general {fmt(report['backbone_val'].get('general'))} over "
                 f"{report['backbone_val'].get('n_general')} questions)" if report.get("backbone_val") else "")
