@@ -12,7 +12,7 @@ from pathlib import Path
 from cli.entry import ArgumentParser
 from cli.errors import read_json
 from cli.numbers import int_at_least, option, positive_float
-from study.estimate import check, estimate, estimate_text
+from study.estimate import check, estimate, estimate_text, resumed_phase
 from study.methods import NAMES
 from study.pins import compare_runs
 from study.plots import plot_frontier
@@ -85,10 +85,11 @@ def main(argv: list[str] | None = None) -> None:
     lr, beta = len(args.refine_lr_factors), len(args.refine_beta_factors)
     refine = {m: (lr * beta - 1 - (beta > 1) if m in BETA_METHODS else lr - 1) for m in args.methods}
     if args.check:
+        other = read_recorded(args.check)
         try:
-            result = check(recorded, read_recorded(args.check))
+            result = check(recorded, other)
         except ValueError as err:  # the checked study was resumed, or the recorded one lacks a method it ran
-            resumed = "resumed" in str(err)
+            resumed = resumed_phase(other) is not None
             raise InputError(args.check if resumed else args.recorded, None, "wall_seconds" if resumed else "final",
                              str(err)) from None
     else:

@@ -796,7 +796,7 @@ def test_publish_puts_the_study_on_the_page(tmp_path):
 
 def test_the_sweep_table_shows_each_sweep_seed_not_an_interval_outside_the_range():
     """Issue 47: intervals stay inside [0, 100]. A Student t interval over a point's two sweep seeds (12.2 and 27.6:
-    19.9 [-78.0, 117.8]) does not; the sweep's cell is the mean and each seed's value. Every number of the published
+    19.9 [-77.9, 117.7]) does not; the sweep's cell is the mean and each seed's value. Every number of the published
     study's sweep table lies in [0, 100]."""
     import re
 
