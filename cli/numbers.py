@@ -105,6 +105,10 @@ RULES: dict[str, Rule] = {
     "vision_depth": whole(1), "vision_embed": whole(1),
     # launchers
     "gpus_per_node": whole(1), "port": whole(1, 65535), "nodes": whole(1),
+    # GRPO's dynamic sampling and guidance: train/ranges.py checks a recipe's at parse time, losses/grpo_trainer.py a
+    # config built in code
+    "dynamic_sampling_max_extra_rounds": whole(1), "dynamic_sampling_min_spread": NON_NEGATIVE,
+    "dynamic_sampling_anchor_share": FRACTION, "guidance_gamma": POSITIVE, "guidance_mu": NON_NEGATIVE,
 }
 
 

@@ -50,6 +50,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import use_adapter
 
 from cli.errors import RunStopped
+from cli.numbers import RULES
 from losses.checkpointing import HubFormatResumeMixin
 from losses.dynamic_sampling import (
     anchor_groups,
@@ -144,19 +145,17 @@ def dynamic_sampling_problem(args: VisionGRPOConfig, reward_names: list[str] | N
     """(field, what is wrong) with the dynamic sampling and guidance settings, or None; `reward_names`: the reward
     functions' names (default: the recipe's reward_funcs)."""
     names = list(args.reward_funcs if reward_names is None else reward_names)
-    if args.dynamic_sampling_max_extra_rounds < 1:
-        return "dynamic_sampling_max_extra_rounds", f"must be >= 1, got {args.dynamic_sampling_max_extra_rounds}"
-    if not 0 <= args.dynamic_sampling_anchor_share <= 1:
-        return "dynamic_sampling_anchor_share", f"must be in [0, 1], got {args.dynamic_sampling_anchor_share}"
-    if not args.dynamic_sampling_min_spread >= 0:
-        return "dynamic_sampling_min_spread", f"must be >= 0, got {args.dynamic_sampling_min_spread}"
+    for name in ("dynamic_sampling_max_extra_rounds", "dynamic_sampling_anchor_share", "dynamic_sampling_min_spread",
+                 "guidance_mu"):  # the ranges a recipe's values are held to at parse time (train/ranges.py)
+        problem = RULES[name].problem(getattr(args, name))
+        if problem:
+            return name, problem
     if args.guidance not in GUIDANCE:
         return "guidance", f"unknown value {args.guidance!r}; known: {', '.join(GUIDANCE)}"
     if args.guidance_mu_decay not in DECAYS:
         return "guidance_mu_decay", f"unknown value {args.guidance_mu_decay!r}; known: {', '.join(DECAYS)}"
-    if not args.guidance_mu >= 0:
-        return "guidance_mu", f"must be >= 0, got {args.guidance_mu}"
-    if args.guidance_gamma is not None and (args.guidance != "group" or not args.guidance_gamma > 0):
+    if args.guidance_gamma is not None and (args.guidance != "group" or RULES["guidance_gamma"].problem(
+            args.guidance_gamma)):
         return "guidance_gamma", f"a number > 0 with guidance `group` (LUFFY's shaping), got {args.guidance_gamma} " \
                                  f"with guidance `{args.guidance}`"
     if args.dynamic_sampling and args.dynamic_sampling_reward not in (*names, "total"):

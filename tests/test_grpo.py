@@ -467,7 +467,7 @@ def test_dynamic_sampling_settings_are_checked_with_the_others(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["grpo.py", str(ROOT / "recipes" / "demo" / "grpo.yaml")])
     _, args, _ = parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)
     args.dynamic_sampling_max_extra_rounds = 0  # the trainer refuses it too
-    with pytest.raises(ValueError, match="dynamic_sampling_max_extra_rounds: must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="dynamic_sampling_max_extra_rounds: must be at least 1, got 0"):
         VisionGRPOTrainer(model=None, reward_funcs=[], args=args)
     for overrides, message in [
             (("--scale_rewards", "batch"), "scale_rewards: dynamic_sampling needs `group` or `none`"),

@@ -30,6 +30,10 @@ LARGEST = 2**31 - 1  # a C int: what every count, size, step and seed fits in
 SEED = whole(0, 2**32 - 1)  # numpy's seeds end there
 PORT = whole(1, 65535)
 BELOW_ONE = real(0, 1, high_open=True)
+# The numbers our GRPO trainer checks itself too (a config built in code): their ranges are cli/numbers.py's, one
+# table for both
+GRPO_SETTINGS = ("dynamic_sampling_max_extra_rounds", "dynamic_sampling_min_spread", "dynamic_sampling_anchor_share",
+                 "guidance_gamma", "guidance_mu")
 
 # Field name -> its range, for every numeric field of SpyTuneArguments, ModelConfig, SFTConfig, VisionDPOConfig,
 # NCAPConfig and VisionGRPOConfig (transformers' TrainingArguments below them). A name means the same in every class.
@@ -73,10 +77,9 @@ RANGES: dict[str, Rule] = {
     # ours (losses/grpo_trainer.py): the judge (the chat client's own ranges), rewards, dynamic sampling
     "judge_concurrency": numbers.RULES["concurrency"], "judge_max_retries": numbers.RULES["max_retries"],
     "judge_timeout": numbers.RULES["timeout"], "max_missing_reward_share": FRACTION,
-    "general_fraction": BELOW_ONE, "dynamic_sampling_max_extra_rounds": whole(1),
-    "dynamic_sampling_min_spread": NON_NEGATIVE, "dynamic_sampling_anchor_share": FRACTION,
-    # ours: guidance (losses/guidance.py)
-    "guidance_gamma": POSITIVE, "guidance_mu": NON_NEGATIVE,
+    "general_fraction": BELOW_ONE,
+    # ours: dynamic sampling and guidance (losses/dynamic_sampling.py, losses/guidance.py), the trainer's ranges
+    **{name: numbers.RULES[name] for name in GRPO_SETTINGS},
 }
 # Floats that count steps, epochs or seconds (the library makes ints of them, or timers): at most LARGEST, as every
 # whole number is. Other floats are only finite: a learning rate of 1e30 is legal, and diverges (losses/finite.py).
