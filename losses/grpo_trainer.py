@@ -146,7 +146,7 @@ def dynamic_sampling_problem(args: VisionGRPOConfig, reward_names: list[str] | N
     functions' names (default: the recipe's reward_funcs)."""
     names = list(args.reward_funcs if reward_names is None else reward_names)
     for name in ("dynamic_sampling_max_extra_rounds", "dynamic_sampling_anchor_share", "dynamic_sampling_min_spread",
-                 "guidance_mu"):  # the ranges a recipe's values are held to at parse time (train/ranges.py)
+                 "guidance_mu"):  # cli/numbers.py's ranges, which train/ranges.py holds a recipe to at parse time
         problem = RULES[name].problem(getattr(args, name))
         if problem:
             return name, problem
