@@ -29,8 +29,8 @@ study: $(STAMP)
 # The tuned protocol (docs/study.md): the six methods (guided GRPO: issue 45), each swept per budget on a validation
 # split (two sweep seeds), 10 seeds at the kept settings, 1x and 3x budgets matched in compute, per-seed success,
 # intervals, paired tests, the frontier, the verdict and a recommendation; two runs at a time. Without the protocol's
-# 2-D refinement (74 more sweep runs): given up so that the study fits a session on the slower machines of our kind
-# (docs/study.md, "Sizing": what each part cost when measured). Then `python -m study.tuned publish $(OUT)`.
+# 2-D refinement (74 more sweep runs), given up for time: on a slower machine of our kind the study took 155 min
+# without it and is estimated at 197 with it (docs/study.md, "Sizing"). Then `python -m study.tuned publish $(OUT)`.
 study-tuned: OUT = outputs/study-tuned
 study-tuned: $(STAMP)
 	$(OFFLINE) $(PY) -m study --protocol tuned --jobs 2 --methods sft dpo nca nca_p grpo grpo_guided \
