@@ -123,8 +123,7 @@ def calibration(recorded: dict) -> tuple[float, str]:
     timed = [(w, t, o) for trained, w, t, o in runs if trained and w is not None]
     if timed:
         return sum(w - t for w, t, _ in timed) / sum(o for *_, o in timed), f"its {len(timed)} runs' own wall times"
-    final = recorded.get("final_runs", {})
-    if final and final.get("trained") == final.get("all") and runs:
+    if recorded.get("final_runs") and resumed_phase(recorded) is None and runs:
         jobs = recorded.get("jobs", RECORDED_JOBS)
         backbone = backbone_seconds(recorded)
         spare = (recorded["wall_seconds"] - backbone) * jobs - sum(t for _, _, t, _ in runs)
@@ -177,8 +176,8 @@ def recorded_structure(study: dict) -> dict:
 def check(recorded: dict, other: dict) -> dict:
     """The estimate, from `recorded`, of the study `other` ran (its own structure), against its measured wall time:
     only where the invocation that wrote `other` trained all of it (a resumed study's wall time is its last part's)."""
-    if resumed_phase(other):
-        phase, counted = resumed_phase(other)
+    if resumed := resumed_phase(other):
+        phase, counted = resumed
         raise ValueError(f"the study checked was resumed: its last invocation trained {counted['trained']} of its "
                          f"{counted['all']} {phase.replace('_', ' ')}, so its wall time does not measure the whole")
     s = recorded_structure(other)
