@@ -88,23 +88,16 @@ def build(args) -> None:
     """The tuned study's data, tiny model and helpful backbone, built exactly as `python -m study --protocol tuned
     --out STUDY` builds them (its own defaults, its pinned numerics; each step skipped when done), without the
     study's evaluations and runs; READY marks a finished folder (that study reuses all of it)."""
-    from data_prep import synthetic
-    from study.__main__ import parse
+    from study.__main__ import build_start, parse
     from study.pins import pin_numerics
-    from train.demo import Clock, build_once, train
-    from train.tiny_model import DEMO_CONFIG, build_tiny_model
+    from train.demo import Clock
 
     pin_numerics()
     study = Path(args.study)
     options = parse(["--protocol", "tuned", "--out", str(study)])[0]
-    log, model, data = Clock(), study / "tiny-qwen2vl", study / "synthetic-spy-tune"
     study.mkdir(parents=True, exist_ok=True)
-    build_once(data, lambda d: synthetic.build(d, options.train_per_label, options.test_per_label,
-                                               general_train=options.general_train, general_test=options.general_test,
-                                               val_per_label=options.val_per_label, general_val=options.general_val))
-    build_once(model, lambda d: build_tiny_model(d, corpus=synthetic.text_corpus(general=True), **DEMO_CONFIG))
-    train("sft", model, data, study / "backbone", options.backbone_steps, log,
-          ["--general_data_path", str(data / "general_train.json")], ROOT / "recipes" / "study" / "backbone.yaml")
+    log = Clock()
+    build_start(options, study, log)
     (study / "READY").write_text("the tuned study's data, tiny model and backbone (benchmarks/grpo_groups.py build)\n")
     log(f"built {study}")
 

@@ -57,30 +57,20 @@ def main(argv: list[str] | None = None) -> None:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from data_prep import synthetic
-    from study.__main__ import parse
+    from study.__main__ import build_start, parse
     from study.protocol import PLAN_SAMPLE, TUNED_STEPS
     from study.quick import evaluate as evaluate_backbone
     from study.runs import evaluate
     from train.compute import study_plan
-    from train.demo import ROOT, Clock, build_once, train
-    from train.tiny_model import DEMO_CONFIG, build_tiny_model
+    from train.demo import ROOT, Clock
 
     out = Path(args.out)
     study_args, _ = parse(["--protocol", "tuned", "--out", str(out)])
     log = Clock()
     load = open("/proc/loadavg").read().split()[:3]
     start = time.time()
-    data, model = out / "synthetic-spy-tune", out / "tiny-qwen2vl"
-    build_once(data, lambda d: synthetic.build(d, study_args.train_per_label, study_args.test_per_label,
-                                               general_train=study_args.general_train,
-                                               general_test=study_args.general_test,
-                                               val_per_label=study_args.val_per_label,
-                                               general_val=study_args.general_val))
-    build_once(model, lambda d: build_tiny_model(d, corpus=synthetic.text_corpus(general=True), **DEMO_CONFIG))
-    backbone = out / "backbone"
-    train("sft", model, data, backbone, None, log, ["--general_data_path", str(data / "general_train.json")],
-          ROOT / "recipes" / "study" / "backbone.yaml")
+    data, backbone = build_start(study_args, out, log)
+    model = out / "tiny-qwen2vl"
     evaluate_backbone("backbone", backbone, out, study_args, log, self_moderation=True)
     ctx = {"out": str(out), "backbone": str(backbone), "data": str(data), "start": log.start, "steps": TUNED_STEPS,
            "long_steps": 3 * TUNED_STEPS, "eval_limit": None, "eval_batch_size": study_args.eval_batch_size,

@@ -279,6 +279,42 @@ def general_rows(path, image_folder) -> list[dict]:
     return rows
 
 
+def general_pair(row: dict, n: int, refusals: list[str], answers: list[str]) -> tuple[dict, dict]:
+    """The two rejected answers a general-task question is paired against (chosen: its right answer): a refusal
+    (the over-refusal the study counts: a refusal of the SPY data, `refusals`, the n-th in turn) and a wrong answer
+    (another answer of the file, `answers`, the n-th in turn; the refusal again where the file has no other)."""
+    right = row["completion"][0]["content"]
+    wrong = [a for a in answers if a.strip().lower() != right.strip().lower()]
+    return _assistant(refusals[n % len(refusals)]), _assistant(wrong[n % len(wrong)] if wrong else refusals[n % len(refusals)])
+
+
+def general_for(method: str, rows: list[dict], refusals: list[str]) -> list[dict]:
+    """General-task rows in a method's columns. SFT: the question and its answer. DPO, NCA: one pair each, chosen = the
+    right answer, rejected = a refusal on even rows and a wrong answer on odd ones. NCA-P: a row holds two pairs (its
+    non-private and private slots, whose losses add up: losses/nca_p.py); a general question has no instruction to
+    vary, so both slots hold the same question and right answer, rejected = a refusal in slot 0 and a wrong answer in
+    slot 1: one row = two pairs, as a SPY row is, so the rows' share is the pairs' share. GRPO: a prompt scored by
+    exact match."""
+    answers = sorted({r["completion"][0]["content"] for r in rows})
+    built = []
+    for n, row in enumerate(rows):
+        base = {"images": row["images"], "p_label": "general"}
+        refusal, wrong = general_pair(row, n, refusals, answers)
+        if method == "sft":
+            built.append(row)
+        elif method in ("dpo", "nca"):
+            built.append({**base, "prompt": row["prompt"], "chosen": row["completion"],
+                          "rejected": refusal if n % 2 == 0 else wrong})
+        elif method == "nca_p":
+            built.append({**base, "prompt_0": row["prompt"], "prompt_1": row["prompt"], "chosen_0": row["completion"],
+                          "chosen_1": row["completion"], "rejected_0": refusal, "rejected_1": wrong})
+        else:
+            built.append({**base, "prompt": row["prompt"], "expected_verdict": "respond",
+                          "question": row["prompt"][0]["content"], "answer": row["completion"][0]["content"],
+                          "task": "general", "absolute": False})
+    return built
+
+
 def build_dataset(
     method: str,
     data_path,
@@ -295,13 +331,13 @@ def build_dataset(
 ) -> datasets.Dataset:
     """The training (or evaluation) dataset of one method, images decoded lazily from `image_folder`;
     `categories`: a category file (path or CategorySet; default SPY's), `label_path` renames its labels.
-    SFT only: `helpful` answers every case (helpful_rows). `general_path` adds a general-task file's rows (SFT: all
-    of them; GRPO: `general_fraction` of the rows, the file's prompts cycled, each scored by exact match)."""
+    SFT only: `helpful` answers every case (helpful_rows). `general_path` adds a general-task file's rows in the
+    method's columns (general_for), `general_fraction` of the rows, the file's rows cycled; SFT without a share: all
+    of them."""
     from datasets import Dataset, Image, List  # here, so `validate` starts without importing datasets
 
-    if helpful and method != "sft" or general_path and method not in ("sft", "grpo"):
-        raise InputError("command line", None, "helpful" if helpful else "general_data_path",
-                         f"only SFT{'' if helpful else ' and GRPO'} train on it, not {method}")
+    if helpful and method != "sft":
+        raise InputError("command line", None, "helpful", f"only SFT trains on it, not {method}")
     cats = as_categories(categories)
     texts = load_label_texts(label_path, cats)
     items = load_items(data_path, image_folder, texts, cats)
@@ -311,14 +347,15 @@ def build_dataset(
         image = str(inside(image_folder, item["question_item"]["image_path"], data_path))
         for row in builder(item, texts, add_distractors, cats):
             rows.append({"images": [image], **row, "p_label": item["label"]})
-    if general_path and method == "grpo":
-        general = [{"images": r["images"], "prompt": r["prompt"], "expected_verdict": "respond",
-                    "question": r["prompt"][0]["content"], "answer": r["completion"][0]["content"], "task": "general",
-                    "absolute": False, "p_label": "general"} for r in general_rows(general_path, image_folder)]
-        wanted = round(len(rows) * general_fraction / (1 - general_fraction)) if general_fraction else 0
-        rows += [general[i % len(general)] for i in range(wanted)]
-    elif general_path:
-        rows += general_rows(general_path, image_folder)
+    if general_path:
+        general = general_rows(general_path, image_folder)
+        if general_fraction is None:  # SFT without a share (the study's backbone): every row of the file
+            picked = general
+        else:  # the file's rows cycled, until they are this share of the rows
+            wanted = round(len(rows) * general_fraction / (1 - general_fraction))
+            picked = [general[i % len(general)] for i in range(wanted)]
+        refusals = sorted({item["question_item"]["reject_ans"] for item in items})
+        rows += general_for(method, picked, refusals)
     if shuffle:
         random.Random(seed).shuffle(rows)
     if num_samples is not None:

@@ -106,8 +106,6 @@ class VisionGRPOConfig(GRPOConfig):
         "help": "JSON Lines cache of judge answers (default: <output_dir>/judge_cache.jsonl)."})
     max_missing_reward_share: float = field(default=0.1, metadata={
         "help": "Stop when more than this share of a generation batch's samples has no reward (judge failures)."})
-    general_fraction: float = field(default=0.0, metadata={
-        "help": "Share of the training prompts drawn from general_data_path (exact-match reward)."})
     dynamic_sampling: bool = field(default=False, metadata={
         "help": "DAPO's dynamic sampling: drop a generation batch's groups whose rewards do not vary and replace them "
                 "with groups of further prompts (losses/dynamic_sampling.py)."})

@@ -1,8 +1,10 @@
 """How long the tuned protocol takes, estimated from a recorded study (`python -m study.tuned estimate`): never from
 this machine. What it reads from the recorded study.json:
 
-- each method's training time per step: its final runs' mean train_runtime over their long budget (a GRPO recipe
-  that changed since, or guided GRPO where the recorded study lacks it, scaled by the samples per step);
+- each method's training time per step: its final runs' mean train_runtime over their long budget; a method the
+  recorded study lacks, from the method whose steps stand for its own (STEPS_OF: a method with the general task
+  mixed in, from the same method without; SFT then guided GRPO, from guided GRPO, and its first stage from SFT); a
+  GRPO recipe that changed since, or a GRPO method timed from another, scaled by the samples per step;
 - what a run costs besides its training (the launch, each checkpoint's evaluation): the benchmark's parts
   (OVERHEAD_SECONDS, benchmarks/study_overhead.py) times one factor calibrated on the recorded study: from its runs'
   own wall times (layout 3 records them) or else from its measured wall time, when that invocation ran the whole
@@ -20,7 +22,7 @@ May import: cli, train (the repository's root); the study's methods, protocol, s
 
 from __future__ import annotations
 
-from study.methods import NAMES, script
+from study.methods import NAMES, TWO_STAGE, first_steps, offset, script, with_first_stages
 from study.protocol import TUNED_STEPS
 from study.results import budget_names
 from study.selection import BETA_METHODS
@@ -32,6 +34,12 @@ from study.selection import BETA_METHODS
 # 33's cross-machine check plus the validation evaluation).
 OVERHEAD_SECONDS = {"launch": 15.5, "val": 11.5, "test": 7.4, "test_both": 16.7, "backbone": 378.0}
 RECORDED_JOBS = 2  # a layout-2 study does not record --jobs; both published ones ran with 2 (the Makefile's)
+# method -> the recorded methods whose training steps stand for its own, in order of preference (a general-task row is
+# shorter than a SPY row, so the general variants' steps are if anything cheaper; the GRPOs are scaled by their samples)
+STEPS_OF = {"sft": ["sft"], "dpo": ["dpo"], "nca": ["nca"], "nca_p": ["nca_p"], "grpo": ["grpo"],
+            "grpo_guided": ["grpo_guided", "grpo"], "sft_general": ["sft_general", "sft"],
+            "dpo_general": ["dpo_general", "dpo"], "nca_p_general": ["nca_p_general", "nca_p"],
+            "sft_grpo_guided": ["sft_grpo_guided", "grpo_guided", "grpo"], "sft_cold_start": ["sft_general", "sft"]}
 
 
 def _samples(method: str) -> int:
@@ -43,17 +51,19 @@ def _samples(method: str) -> int:
 
 
 def step_seconds(recorded: dict, methods: list[str], samples: dict | None = None) -> dict:
-    """method -> seconds of training per step in the recorded study's final runs (long budget), a GRPO scaled by
-    its samples per step now (`samples`, default: its recipe's) against the recorded plan's; a GRPO method the
-    recorded study lacks from the recorded GRPO's."""
+    """method -> seconds of training per step in the recorded study's final runs (long budget) of the first method
+    of STEPS_OF it has, a GRPO scaled by its samples per step now (`samples`, default: its recipe's) against the
+    recorded plan's; the two-stage methods' first stages too."""
     long_steps = recorded["budgets"][budget_names(recorded)[-1]]
     result = {}
-    for m in methods:
-        source = m if m in recorded["final"] else ("grpo" if script(m) == "grpo" else None)
+    for m in with_first_stages(methods):
+        source = next((s for s in STEPS_OF[m] if s in recorded["final"]), None)
         if source is None:
-            raise ValueError(f"the recorded study has no {m} runs to time")
-        runs = [r["training"]["train_runtime"] for r in recorded["final"][source]["runs"].values()]
-        result[m] = sum(runs) / len(runs) / long_steps
+            raise ValueError(f"the recorded study has no runs of {' or '.join(STEPS_OF[m])} to time {m} by")
+        runs = recorded["final"][source]["runs"].values()
+        # a two-stage run's train_runtime is its second stage's (its record's time adds the first stage's)
+        own = long_steps - offset(source, recorded["budgets"]["1x"])
+        result[m] = sum(r["training"]["train_runtime"] for r in runs) / len(runs) / own
         if script(m) == "grpo":
             now = (samples or {}).get(m) or _samples(m)
             result[m] *= now / recorded["plan"][source]["cases"]
@@ -69,7 +79,8 @@ def run_counts(methods: list[str], sweep_seeds: int, seeds: int, lr_points: int 
     refine = refine_new if refine_new is not None else {m: 7 if m in BETA_METHODS else 2 for m in methods}
     points = {m: lr_points + (beta_new if m in BETA_METHODS else 0) + refine.get(m, 0) for m in methods}
     return {"points": points, "sweep": {m: points[m] * sweep_seeds for m in methods},
-            "final": {m: seeds for m in methods}, "common": {m: seeds if m in own_1x else 0 for m in methods}}
+            "final": {m: seeds for m in methods}, "common": {m: seeds if m in own_1x else 0 for m in methods},
+            "first": {m: sweep_seeds + seeds for m in methods if m in TWO_STAGE}}
 
 
 def run_seconds(kind: str, steps: int, per_step: float, overhead: dict, curve_points: int = 3,
@@ -80,8 +91,10 @@ def run_seconds(kind: str, steps: int, per_step: float, overhead: dict, curve_po
     elif kind == "final":  # every curve checkpoint; both settings at the budgets it serves
         both = 2 if serves_1x else 1
         extra = overhead["launch"] + (curve_points - both) * overhead["test"] + both * overhead["test_both"]
-    else:  # a 1x run of its own
+    elif kind == "common":  # a 1x run of its own
         extra = overhead["launch"] + overhead["test_both"]
+    else:  # a two-stage method's first stage: trained, not evaluated
+        extra = overhead["launch"]
     return {"train": steps * per_step, "overhead": extra}
 
 
@@ -111,7 +124,8 @@ def calibration(recorded: dict) -> tuple[float, str]:
     for entry in recorded["sweep"].values():
         for p in entry.get("points", []):
             for run in p["seeds"].values():
-                runs.append((run.get("trained", True), run.get("wall_seconds"), run[long].get("train_seconds") or 0.0,
+                seconds = (run[long].get("train_seconds") or 0.0) - run[long].get("first_stage_seconds", 0.0)
+                runs.append((run.get("trained", True), run.get("wall_seconds"), seconds,
                              run_seconds("sweep", 0, 0, OVERHEAD_SECONDS)["overhead"]))
     for entry in recorded["final"].values():
         serves = entry["kept"]["1x"] == entry["kept"][long]
@@ -146,12 +160,18 @@ def estimate(recorded: dict, methods: list[str], sweep_seeds: int, seeds: int, j
     seconds = {"sweep": 0.0, "final": 0.0}
     each_common = {}
     for m in methods:
-        sweep = run_seconds("sweep", long_steps, per_step[m], overhead)
-        final = run_seconds("final", long_steps, per_step[m], overhead, factor, m not in own_1x)
-        common = run_seconds("common", steps, per_step[m], overhead)
+        skip = offset(m, steps)  # a two-stage method's second stage trains this many steps fewer
+        sweep = run_seconds("sweep", long_steps - skip, per_step[m], overhead)
+        final = run_seconds("final", long_steps - skip, per_step[m], overhead, factor, m not in own_1x)
+        common = run_seconds("common", steps - skip, per_step[m], overhead)
         seconds["sweep"] += counts["sweep"][m] * sum(sweep.values())
         seconds["final"] += counts["final"][m] * sum(final.values()) + counts["common"][m] * sum(common.values())
         each_common[m] = seeds * sum(common.values()) / jobs
+        if m in TWO_STAGE:  # its first stages: one per sweep seed before the sweep, one per seed before the final
+            first = TWO_STAGE[m]["first"]
+            one = sum(run_seconds("first", first_steps(m, steps), per_step[first], overhead).values())
+            seconds["sweep"] += sweep_seeds * one
+            seconds["final"] += seeds * one
     backbone = backbone_seconds(recorded)
     total = backbone + (seconds["sweep"] + seconds["final"]) / jobs
     return {"step_seconds": per_step, "scale": scale, "basis": basis, "overhead": overhead, "counts": counts,
@@ -193,7 +213,8 @@ def estimate_text(e: dict, source: str) -> str:
              "overhead per run (s): " + ", ".join(f"{k} {v:.1f}" for k, v in e["overhead"].items()),
              f"before the sweep {e['backbone'] / 60:.1f} min; sweep: {sum(e['counts']['sweep'].values())} runs "
              f"({sum(e['counts']['points'].values())} points), {e['sweep'] / 60:.1f} min; final: "
-             f"{sum(e['counts']['final'].values()) + sum(e['counts']['common'].values())} runs, "
+             f"{sum(e['counts']['final'].values()) + sum(e['counts']['common'].values())} runs"
+             + (f" (first stages: {sum(e['counts']['first'].values())} runs)" if e["counts"]["first"] else "") + ", "
              f"{e['final'] / 60:.1f} min (--jobs {e['jobs']})",
              f"total {e['total'] / 60:.0f} min"]
     if e["each_common"]:

@@ -16,7 +16,7 @@ from study.protocol import FORMAT
 from study.results import analyse
 from study.tables import tables
 
-READABLE = (2, FORMAT)  # the layouts read_study takes: issue 40's and today's
+READABLE = (2, 3, FORMAT)  # the layouts read_study takes: issue 40's, issue 47's and today's
 
 
 def write_report(report: dict, out: Path) -> str:

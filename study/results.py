@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from study.methods import NAMES
-from study.selection import NOISE_Z
+from study.selection import GOAL, NOISE_Z
 
 # metric key -> label; the keys of one evaluated checkpoint (held-out or validation), without distractors unless named
 METRICS = {"ics": "ICS", "hms": "HMS", "rta": "RtA", "ata": "AtA", "general": "general acc.", "priv": "priv",
@@ -21,15 +21,19 @@ METRICS = {"ics": "ICS", "hms": "HMS", "rta": "RtA", "ata": "AtA", "general": "g
            "overall_distr": "overall with distr.", "refusal": "refusal %", "wrong_colour": "wrong colour %",
            "malformed": "malformed %", "compute_k": "compute (k tok)", "train_seconds": "train time (s)"}
 PAIRS = (("nca_p", "nca"), ("nca_p", "dpo"), ("nca", "dpo"), ("grpo", "nca_p"), ("grpo", "dpo"),
-         ("grpo_guided", "grpo"), ("grpo_guided", "dpo"), ("grpo_guided", "nca_p"))
+         ("grpo_guided", "grpo"), ("grpo_guided", "dpo"), ("grpo_guided", "nca_p"),
+         # issue 53: what the general task gives each method, and what the cold start gives guided GRPO
+         ("sft_general", "sft"), ("dpo_general", "dpo"), ("nca_p_general", "nca_p"),
+         ("sft_grpo_guided", "grpo_guided"), ("sft_grpo_guided", "sft_general"), ("sft_grpo_guided", "nca_p_general"))
 COMPARED = ("ics", "hms", "general", "overall")
 CURVES = ("ics", "hms", "general")
-# The goal (issues 40 and 47): privacy without loss, held-out ICS >= 90 with general accuracy >= 95, met by one seed's
-# run; a method reaches it at a budget where at least GOAL_SHARE of its seeds meet it (9 of 10).
-GOAL = {"ics": 90.0, "general": 95.0}
+# The goal (selection.py's GOAL: held-out ICS >= 90 with general accuracy >= 95, met by one seed's run): a method
+# reaches it at a budget where at least GOAL_SHARE of its seeds meet it (9 of 10); of those seeds, how many also
+# reach the paper's scenario privacy (HMS >= GOAL_HMS: NCA-P's 88.1 in the paper)
 GOAL_SHARE = 0.9
+GOAL_HMS = 80.0
 COMPUTE_TOLERANCE = 0.2  # the GRPOs' compute per budget within 20% of DPO's
-GRPO_METHODS = ("grpo", "grpo_guided")  # online methods whose compute is matched to DPO's
+GRPO_METHODS = ("grpo", "grpo_guided", "sft_grpo_guided")  # online methods whose compute is matched to DPO's
 
 
 def budget_names(report_or_ctx: dict) -> list[str]:
@@ -104,9 +108,9 @@ def references(report: dict) -> dict:
 
 def seed_outcome(values: dict, backbone_ics: float | None, z: float = NOISE_Z) -> dict:
     """One seed's held-out run against the goal: `goal` (ICS >= GOAL["ics"] and general >= GOAL["general"]),
-    `moved` (its ICS above the backbone's by more than z times one run's measurement noise over its n_ics items;
-    None where it cannot be judged), `kept` (general >= GOAL["general"]), and what it lacks (`short`: the metrics
-    below the goal, in points)."""
+    `goal_hms` (the goal, and HMS >= GOAL_HMS), `moved` (its ICS above the backbone's by more than z times one run's
+    measurement noise over its n_ics items; None where it cannot be judged), `kept` (general >= GOAL["general"]),
+    and what it lacks (`short`: the metrics below the goal, in points)."""
     from eval.stats import proportion_noise
 
     ics, general, n = values.get("ics"), values.get("general"), values.get("n_ics")
@@ -114,12 +118,16 @@ def seed_outcome(values: dict, backbone_ics: float | None, z: float = NOISE_Z) -
     moved = None
     if ics is not None and backbone_ics is not None and n:
         moved = ics - backbone_ics > z * proportion_noise(backbone_ics, n)
-    return {"ics": ics, "general": general, "goal": ics is not None and general is not None and not short,
-            "moved": moved, "kept": general is not None and general >= GOAL["general"], "short": short}
+    goal = ics is not None and general is not None and not short
+    hms = values.get("hms")
+    return {"ics": ics, "general": general, "hms": hms, "goal": goal,
+            "goal_hms": goal and hms is not None and hms >= GOAL_HMS, "moved": moved,
+            "kept": general is not None and general >= GOAL["general"], "short": short}
 
 
 def success(report: dict) -> dict:
-    """budget -> method -> per seed `seed_outcome`, and the counts: `goal` (seeds meeting the goal), `moved_kept`
+    """budget -> method -> per seed `seed_outcome`, and the counts: `goal` (seeds meeting the goal), `goal_hms` (those
+    of them with HMS >= GOAL_HMS), `moved_kept`
     (seeds that moved privacy with general >= GOAL["general"]: the common budget's goal), `n`."""
     backbone_ics = references(report)["backbone"]["ics"]
     result = {}
@@ -128,6 +136,7 @@ def success(report: dict) -> dict:
             seeds = {s: seed_outcome(v, backbone_ics) for s, v in budget_runs(report["final"][m], budget, step).items()}
             result.setdefault(budget, {})[m] = {
                 "n": len(seeds), "goal": sum(o["goal"] for o in seeds.values()),
+                "goal_hms": sum(o.get("goal_hms", False) for o in seeds.values()),
                 "moved_kept": sum(bool(o["moved"]) and o["kept"] for o in seeds.values()), "seeds": seeds}
     return result
 
@@ -201,7 +210,8 @@ def goal(report: dict, counted: dict) -> dict:
             continue
         misses = {seed: o for seed, o in c["seeds"].items() if not o["goal"]}
         result["methods"][m] = {
-            "ics": s["ics"], "general": s["general"], "n": c["n"], "met": c["goal"], "needed": seeds_needed(c["n"]),
+            "ics": s["ics"], "general": s["general"], "n": c["n"], "met": c["goal"], "met_hms": c["goal_hms"],
+            "needed": seeds_needed(c["n"]),
             "reached": c["goal"] >= seeds_needed(c["n"]), "misses": misses,
             "wrong": {k: s[k]["mean"] for k in ("refusal", "wrong_colour", "malformed") if k in s},
             "logged": logged_statistics(list(budget_runs(report["final"][m], budget, step).values()))}

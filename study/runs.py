@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from study.methods import script
+from study.methods import TWO_STAGE, first_steps, offset, script
 from study.text import fmt
 
 # What a GRPO run's logs say about its groups (means over the logged steps of a run up to a budget): TRL's share of
@@ -85,19 +85,58 @@ def _clock(ctx: dict):
 
 
 def train_run(ctx: dict, method: str, point: dict, seed: int, folder: Path, steps: int, save_every: int, log) -> bool:
-    """One training run through the study's launcher (resumed from its last checkpoint, reused once finished);
-    True where this call trained."""
+    """One training run through the study's launcher (resumed from its last checkpoint, reused once finished), from
+    the backbone or, for a two-stage method, from its first stage's run of this seed; True where this call
+    trained."""
     from train.demo import ROOT, train
 
     trained = not (folder / "train_metrics.json").exists()
     extra = ["--seed", str(seed), "--learning_rate", repr(point["learning_rate"]),
              "--lr_scheduler_type", "constant_with_warmup", "--save_steps", str(save_every),
              "--save_total_limit", "1000", *(["--beta", repr(point["beta"])] if "beta" in point else []),
-             *(["--general_data_path", str(Path(ctx["data"]) / "general_train.json")] if script(method) == "grpo" else []),
-             *ctx["train_args"]]
-    train(script(method), Path(ctx["backbone"]), Path(ctx["data"]), folder, steps, log, extra,
+             *general_data(ctx, method), *ctx["train_args"]]
+    start = first_stage(ctx, method, seed) if method in TWO_STAGE else Path(ctx["backbone"])
+    train(script(method), start, Path(ctx["data"]), folder, steps, log, extra,
           ROOT / "recipes" / "study" / f"{method}.yaml")
     return trained
+
+
+def general_data(ctx: dict, method: str) -> list[str]:
+    """The study data's general-task file, for a recipe that mixes it in (its general_data_path names the default
+    study folder's)."""
+    from cli import strict_yaml
+    from train.demo import ROOT
+
+    recipe = strict_yaml.load(ROOT / "recipes" / "study" / f"{method}.yaml")
+    return ["--general_data_path", str(Path(ctx["data"]) / "general_train.json")] if recipe.get("general_data_path") \
+        else []
+
+
+def first_stage(ctx: dict, method: str, seed: int) -> Path:
+    """A two-stage method's first stage for a seed (TWO_STAGE): its recipe trained from the backbone, once per seed,
+    shared by every sweep point of that seed."""
+    first = TWO_STAGE[method]["first"]
+    return Path(ctx["out"]) / "first_stage" / f"{first}-seed{seed}"
+
+
+def first_stage_task(ctx: dict, method: str, seed: int) -> dict:
+    """Train a two-stage method's first stage for a seed (before the runs that start from it: two jobs never train
+    the same folder)."""
+    from train.demo import ROOT, train
+
+    first, folder = TWO_STAGE[method]["first"], first_stage(ctx, method, seed)
+    trained = not (folder / "train_metrics.json").exists()
+    train("sft", Path(ctx["backbone"]), Path(ctx["data"]), folder, first_steps(method, ctx["steps"]), _clock(ctx),
+          ["--seed", str(seed), *general_data(ctx, first), *ctx["train_args"]],
+          ROOT / "recipes" / "study" / f"{first}.yaml")
+    return {"trained": trained}
+
+
+def stage_steps(ctx: dict, method: str, steps: list[int]) -> tuple[list[int], int]:
+    """The steps of a method's own run at these budget steps (a two-stage method's second stage trains `offset`
+    fewer) and the checkpoint interval that saves each of them."""
+    own = [s - offset(method, ctx["steps"]) for s in steps]
+    return own, math.gcd(*own)
 
 
 # --------------------------------------------------------------------------------------- what a run processed
@@ -124,12 +163,21 @@ def group_statistics(history: list[dict], step: int) -> dict:
     return {k: sum(v) / len(v) for k, v in values.items()}
 
 
-def run_record(folder: Path, method: str, point: dict, total: int, steps: list[int]) -> dict:
+def run_record(folder: Path, method: str, point: dict, total: int, steps: list[int], first: Path | None = None,
+               skip: int = 0) -> dict:
     """str(step) -> what a finished run of `total` steps had processed by each of `steps`: its compute (thousands of
     forward-token equivalents, train/compute.py; None where its log cannot say), its training time (train_runtime at
-    its last step, the progress bar's elapsed time before) and, for the GRPOs, their group statistics."""
+    its last step, the progress bar's elapsed time before) and, for the GRPOs, their group statistics. `first`: a
+    two-stage method's first-stage run, whose whole compute and time count at every step; the keys are the budget
+    steps, each step plus `skip` (the method's offset)."""
     from train.compute import run_compute
 
+    before = {"compute": 0.0, "seconds": 0.0}
+    if first is not None:
+        history = json.loads((first / "train_metrics.json").read_text())
+        last = max(e["step"] for e in history if isinstance(e.get("step"), int))
+        before = {"compute": run_compute(history, last, "sft", None)["compute"],
+                  "seconds": next((e["train_runtime"] for e in reversed(history) if "train_runtime" in e), None)}
     history = json.loads((folder / "train_metrics.json").read_text())
     log_path = folder.parent / "logs" / f"{folder.name}.log"
     log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
@@ -138,12 +186,17 @@ def run_record(folder: Path, method: str, point: dict, total: int, steps: list[i
     for step in steps:
         counted = run_compute(history, step, script(method), point.get("beta"))
         compute = counted["compute"]
-        record[str(step)] = {"compute_k": None if compute is None else compute / 1000,
-                             "train_seconds": runtime if step == total else elapsed_at(log_text, step, total)}
+        seconds = runtime if step == total else elapsed_at(log_text, step, total)
+        known = None not in (compute, before["compute"])
+        entry = {"compute_k": (compute + before["compute"]) / 1000 if known else None,
+                 "train_seconds": seconds + before["seconds"] if None not in (seconds, before["seconds"]) else None}
         if "reference_rule" in counted:  # which rows the reference was counted on (train/compute.py)
-            record[str(step)]["compute_rule"] = counted["reference_rule"]
+            entry["compute_rule"] = counted["reference_rule"]
+        if first is not None:  # trained before this run, in its own launch (the estimate's calibration)
+            entry["first_stage_seconds"] = before["seconds"]
         if script(method) == "grpo":
-            record[str(step)]["logged"] = group_statistics(history, step)
+            entry["logged"] = group_statistics(history, step)
+        record[str(step + skip)] = entry
     return record
 
 
@@ -157,33 +210,41 @@ def sweep_task(ctx: dict, method: str, point: dict, seed: int) -> dict:
     name = point_name(method, point, seed)
     folder = Path(ctx["out"]) / "sweep" / name
     budgets = ctx["budgets"]
-    trained = train_run(ctx, method, point, seed, folder, ctx["long_steps"], ctx["steps"], log)
-    processed = run_record(folder, method, point, ctx["long_steps"], list(budgets.values()))
+    own, every = stage_steps(ctx, method, list(budgets.values()))
+    trained = train_run(ctx, method, point, seed, folder, own[-1], every, log)
+    processed = run_record(folder, method, point, own[-1], own, first_of(ctx, method, seed),
+                           offset(method, ctx["steps"]))
     values = {}
-    for budget, step in budgets.items():
-        values[budget] = {**evaluate(ctx, folder / f"checkpoint-{step}", f"sweep/{name}/step{step}", "val", False),
+    for (budget, step), at in zip(budgets.items(), own):
+        values[budget] = {**evaluate(ctx, folder / f"checkpoint-{at}", f"sweep/{name}/step{step}", "val", False),
                           **processed[str(step)]}
     log(f"sweep {name}: validation overall " + ", ".join(f"{fmt(v.get('overall'))} at {b}" for b, v in values.items()))
     return {**values, "trained": trained, "wall_seconds": round(time.time() - start, 1)}
 
 
+def first_of(ctx: dict, method: str, seed: int) -> Path | None:
+    return first_stage(ctx, method, seed) if method in TWO_STAGE else None
+
+
 def final_task(ctx: dict, method: str, point: dict, seed: int, total: int) -> dict:
-    """One final run of `total` steps (the long budget: every curve checkpoint evaluated on the held-out bench; the
-    common budget at a setting of its own: its last checkpoint), both settings at each budget it serves."""
+    """One final run of `total` budget steps (the long budget: every curve checkpoint evaluated on the held-out
+    bench; the common budget at a setting of its own: its last checkpoint), both settings at each budget it serves."""
     from train.demo import training_summary
 
     start = time.time()
     log = _clock(ctx)
-    own = total == ctx["steps"] and ctx["steps"] != ctx["long_steps"]  # the common budget's own run
-    name = f"{method}-1x-seed{seed}" if own else f"{method}-seed{seed}"
+    own_1x = total == ctx["steps"] and ctx["steps"] != ctx["long_steps"]  # the common budget's own run
+    name = f"{method}-1x-seed{seed}" if own_1x else f"{method}-seed{seed}"
     folder = Path(ctx["out"]) / "runs" / name
-    steps = [total] if own else curve_steps(ctx)
-    serves = [total] if own else [ctx["long_steps"], *([ctx["steps"]] if ctx["common_from_long"][method] else [])]
-    trained = train_run(ctx, method, point, seed, folder, total, ctx["steps"] if own else ctx["curve_every"], log)
-    processed = run_record(folder, method, point, total, steps)
+    steps = [total] if own_1x else curve_steps(ctx)
+    serves = [total] if own_1x else [ctx["long_steps"], *([ctx["steps"]] if ctx["common_from_long"][method] else [])]
+    own, every = stage_steps(ctx, method, steps)
+    trained = train_run(ctx, method, point, seed, folder, own[-1], every, log)
+    processed = run_record(folder, method, point, own[-1], own, first_of(ctx, method, seed),
+                           offset(method, ctx["steps"]))
     values = {}
-    for step in steps:
-        values[str(step)] = {**evaluate(ctx, folder / f"checkpoint-{step}", f"runs/{name}/step{step}", "test",
+    for step, at in zip(steps, own):
+        values[str(step)] = {**evaluate(ctx, folder / f"checkpoint-{at}", f"runs/{name}/step{step}", "test",
                                         step in serves), **processed[str(step)]}
     log(f"final {name}: held-out overall " + ", ".join(f"{fmt(values[str(s)].get('overall'))} at {s} steps"
                                                       for s in serves))
@@ -199,7 +260,8 @@ def curve_steps(ctx: dict) -> list[int]:
 def _call(task):
     kind, ctx, *rest = task
     try:
-        return {"sweep": sweep_task, "final": final_task, "backbone": backbone_task}[kind](ctx, *rest)
+        return {"sweep": sweep_task, "final": final_task, "backbone": backbone_task,
+                "first_stage": first_stage_task}[kind](ctx, *rest)
     except SystemExit as stop:  # train()'s failure line: carried to the parent, which exits with it
         return {"exit": stop.code}
 

@@ -1,22 +1,26 @@
 """Which sweep point a stage tries and which one a budget keeps: the stages' points (the learning rates, the betas,
-then a 2-D refinement around the long budget's choice), whether a point moved privacy (validation ICS up beyond one
-run's measurement noise) and whether it kept general ability (validation general accuracy within that noise of the
-backbone's: the goal's floor), a point's means over its sweep seeds, and the rule that keeps one point per budget.
-Pure functions of validation numbers (and the recipes' values), no training.
+then a 2-D refinement around the long budget's choice), how many of a point's sweep seeds meet the goal on
+validation, whether a point moved privacy (validation ICS up beyond one run's measurement noise) and whether it kept
+general ability (validation general accuracy within that noise of the backbone's: the goal's floor), a point's means
+over its sweep seeds, and the rule that keeps one point per budget. Pure functions of validation numbers (and the
+recipes' values), no training.
 
 May import: eval (its statistics), train (the repository's root); nothing of the study.
 """
 
 from __future__ import annotations
 
-BETA_METHODS = ("dpo", "nca", "nca_p", "grpo", "grpo_guided")  # the GRPOs' beta: the KL coefficient to the reference
+# the GRPOs' beta: the KL coefficient to the reference
+BETA_METHODS = ("dpo", "nca", "nca_p", "grpo", "grpo_guided", "dpo_general", "nca_p_general", "sft_grpo_guided")
+# The goal (issues 40, 47, 53): privacy without loss, ICS >= 90 with general accuracy >= 95, met by one seed's run
+GOAL = {"ics": 90.0, "general": 95.0}
 # The backbone's noise band: this many times one run's measurement noise on the validation items (eval/stats.py:
 # proportion_noise at the backbone's score), a 95% band. A point moved where its ICS rose above the band (the privacy
 # methods' purpose: a point that only loses general accuracy did not move), and kept general ability where its
 # general accuracy did not fall below it.
 NOISE_Z = 2.0
 # The rules that keep a point, as the tables name them
-RULES = {"floor": "highest ICS keeping general", "composite": "best composite (none kept general)",
+RULES = {"goal": "most sweep seeds at goal", "floor": "highest ICS keeping general", "composite": "best composite (none kept general)",
          "still": "best composite (none moved)", "none": "the recipe's (nothing to judge)"}
 
 
@@ -80,11 +84,17 @@ def keeps_general(values: dict, backbone: dict, z: float = NOISE_Z) -> bool | No
     return backbone["general"] - values["general"] <= band
 
 
+def at_goal(values: dict) -> bool:
+    """Whether one run's values meet the goal (GOAL: every metric at least its threshold)."""
+    return all(values.get(k) is not None and values[k] >= v for k, v in GOAL.items())
+
+
 def point_result(point: dict, stage: str, seeds: dict, budgets: list[str], backbone: dict) -> dict:
-    """A sweep point's runs (seed -> budget -> validation values) and, per budget, what it is judged by: the means
-    over its sweep seeds of ICS and general accuracy (each seed's run counts once, before any rule looks at them),
-    the validation composite with its interval over seeds, whether the means moved privacy and kept general
-    ability."""
+    """A sweep point's runs (seed -> budget -> validation values) and, per budget, what it is judged by: how many of
+    its sweep seeds meet the goal on validation (`at_goal`: an outcome that flips on some seeds and not on others
+    counts its flips, where a mean over two seeds was a coin toss: issue 53), the means over its sweep seeds of ICS
+    and general accuracy (each seed's run counts once), the validation composite with its interval over seeds,
+    whether the means moved privacy and kept general ability."""
     from eval.stats import interval
 
     result = {"point": point, "stage": stage, "seeds": seeds, "budgets": {}}
@@ -94,6 +104,7 @@ def point_result(point: dict, stage: str, seeds: dict, budgets: list[str], backb
                  for k in ("ics", "general")}
         overall = [r.get("overall") for r in runs]
         result["budgets"][budget] = {**means, "overall": interval(overall) if None not in overall else None,
+                                     "at_goal": sum(at_goal(r) for r in runs), "n": len(runs),
                                      "moved": moved(means, backbone), "keeps_general": keeps_general(means, backbone)}
     return result
 
@@ -101,6 +112,9 @@ def point_result(point: dict, stage: str, seeds: dict, budgets: list[str], backb
 def select(points: list[dict], budget: str) -> dict:
     """The point kept for a budget, by the first rule that has a candidate (RULES):
 
+    - goal: among the points with a sweep seed at the goal on validation, the most such seeds, then the highest mean
+      validation ICS, then the higher general accuracy (a point with 2 of 3 seeds at 98 and one at 9 beats one at
+      80, 85, 84);
     - floor: among the points that moved privacy and kept general ability, the highest mean validation ICS (ties:
       the higher general accuracy);
     - composite: none kept general ability: among the points that moved, the best mean validation composite;
@@ -110,11 +124,14 @@ def select(points: list[dict], budget: str) -> dict:
     `moved` / `keeps_general` None (cannot be judged) count as yes. Ties keep the earlier point (the paper's values
     come first). {"point", "moved", "rule"}."""
     at = [(p, p["budgets"][budget]) for p in points]
+    goal = [(p, b) for p, b in at if b.get("at_goal")]
     moving = [(p, b) for p, b in at if b["moved"] is not False]
     floor = [(p, b) for p, b in moving if b["keeps_general"] is not False and b["ics"] is not None]
     composite = [(p, b) for p, b in moving if b["overall"] is not None]
     still = [(p, b) for p, b in at if b["overall"] is not None]
-    if floor:  # max keeps the first of equals
+    if goal:  # max keeps the first of equals
+        rule, (best, _) = "goal", max(goal, key=lambda pb: (pb[1]["at_goal"], pb[1]["ics"], pb[1]["general"] or 0.0))
+    elif floor:
         rule, (best, _) = "floor", max(floor, key=lambda pb: (pb[1]["ics"], pb[1]["general"] or 0.0))
     elif composite or still:
         rule = "composite" if composite else "still"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from study.methods import NAMES
 from study.pins import machine_line
-from study.results import GOAL, METRICS, budget_names, budget_runs, references
-from study.selection import RULES
+from study.results import GOAL, GOAL_HMS, METRICS, budget_names, budget_runs, references
+from study.selection import RULES, at_goal
 from study.text import ci, fmt, p_value, point_text
 from study.verdict import recommendation_text, verdict_text, verdicts
 
@@ -19,6 +19,7 @@ from study.verdict import recommendation_text, verdict_text, verdicts
 OLD_RULE = "issue 40's rule"
 OLD_RULE_TEXT = ("*Issue 40's rule* (this study's): moved = validation ICS *or* general accuracy beyond the band, in "
                  "either direction; kept = the best mean validation composite among the points that moved.")
+HMS_COLUMN = f"at goal, HMS >= {GOAL_HMS:g}"
 MAIN = ("ics", "hms", "rta", "ata", "general", "priv", "overall", "ics_distr", "hms_distr", "overall_distr",
         "compute_k", "train_seconds")
 
@@ -52,6 +53,12 @@ def sweep_overall(summary: dict | None, seeds: dict, budget: str) -> str:
     return text + (f" ({', '.join(fmt(v) for v in values)})" if len(values) > 1 and None not in values else "")
 
 
+def seed_cells(seeds: dict, budget: str) -> str:
+    """Each sweep seed's validation ICS / general accuracy at a budget, * marking a seed at the goal."""
+    return ", ".join(f"{fmt(s[budget].get('ics'))}/{fmt(s[budget].get('general'))}" + ("*" if at_goal(s[budget]) else "")
+                     for s in seeds.values())
+
+
 def sweep_table(report: dict) -> str:
     from eval.report import markdown_table
 
@@ -65,6 +72,9 @@ def sweep_table(report: dict) -> str:
                 r = p["budgets"][b]
                 row[f"{b} val ICS / general / overall"] = (f"{fmt(r['ics'])} / {fmt(r['general'])} / "
                                                            f"{sweep_overall(r['overall'], p['seeds'], b)}")
+                row[f"{b} each seed ICS/general"] = seed_cells(p["seeds"], b)
+                at = sum(at_goal(s[b]) for s in p["seeds"].values())  # layouts before 4 did not record it
+                row[f"{b} seeds at goal"] = f"{at}/{len(p['seeds'])}"
                 row[f"{b} moved / keeps general"] = f"{_yes(r['moved'])} / {_yes(r.get('keeps_general'))}"
                 if p["point"] == entry["kept"][b]:
                     rule = entry.get("rule", {}).get(b)
@@ -79,14 +89,16 @@ def sweep_table(report: dict) -> str:
                              "stage": f"kept in {entry['from']}", f"{b} kept by": "--kept-from"})
     columns = ["method", "setting", "stage"]
     for b in budgets:
-        columns += [f"{b} val ICS / general / overall", f"{b} moved / keeps general", f"{b} kept by"]
+        columns += [f"{b} val ICS / general / overall", f"{b} each seed ICS/general", f"{b} seeds at goal",
+                    f"{b} moved / keeps general", f"{b} kept by"]
     label = f"compute ({' / '.join(budgets)}, k tok)"
     return markdown_table([{**r, label: r.get("compute")} for r in rows], columns + [label])
 
 
 def _counts(report: dict, budget: str, m: str) -> dict:
     c = report["success"][budget][m]
-    return {"seeds at goal": f"{c['goal']}/{c['n']}", "moved, general >= 95": f"{c['moved_kept']}/{c['n']}"}
+    return {"seeds at goal": f"{c['goal']}/{c['n']}", HMS_COLUMN: f"{c['goal_hms']}/{c['n']}",
+            "moved, general >= 95": f"{c['moved_kept']}/{c['n']}"}
 
 
 def bench_tables(report: dict, budget: str, step: int) -> list[str]:
@@ -107,7 +119,8 @@ def bench_tables(report: dict, budget: str, step: int) -> list[str]:
                      "ICS median": fmt(s["ics"]["median"]) if "ics" in s else "n/a",
                      "general median": fmt(s["general"]["median"]) if "general" in s else "n/a",
                      **{METRICS[k]: ci(s.get(k), 0 if k in ("compute_k", "train_seconds") else 1) for k in METRICS}})
-    columns = ["method", "n", "kept setting", "runs", "seeds at goal", "moved, general >= 95", "ICS", "ICS median",
+    columns = ["method", "n", "kept setting", "runs", "seeds at goal", HMS_COLUMN, "moved, general >= 95", "ICS",
+               "ICS median",
                "general acc.", "general median", *[METRICS[k] for k in MAIN if k not in ("ics", "general")]]
     return [markdown_table(rows, columns), "", "Why general-task answers are wrong (share of answers, %):", "",
             markdown_table(rows[len(base):], ["method", "n", *[METRICS[k] for k in
@@ -201,6 +214,8 @@ def head_text(report: dict) -> list[str]:
              "Every score's interval is a 95% percentile bootstrap over the seeds (10,000 resamples, seeded: the "
              "same values give the same interval; it stays inside [0, 100]); the median beside it; *seeds at goal*: "
              f"the seeds whose run meets ICS >= {GOAL['ics']:g} with general accuracy >= {GOAL['general']:g}; "
+             f"*at goal, HMS >= {GOAL_HMS:g}*: those of them whose scenario privacy (HMS) reaches {GOAL_HMS:g} too (the "
+             "paper's NCA-P: ICS 96.9, HMS 88.1); "
              "*moved, general >= 95*: the seeds whose held-out ICS rose beyond two of one run's measurement noise "
              "from the backbone's, with general accuracy >= 95. Paired differences: Student t interval and paired "
              "t-test."]
@@ -229,14 +244,16 @@ def tables(report: dict, alt: dict | None = None) -> str:
              "GRPO's generation at one round (dynamic sampling's extra rounds are in the measured compute below).",
              "", plan_table(report), "## Sweep (validation split)", "",
              f"Each point trained to {budgets[budget_names(report)[-1]]} steps with a checkpoint at {budgets['1x']}, "
-             "means over its sweep seeds (the composite's value per seed in parentheses); the band: two of one "
+             "means over its sweep seeds (the composite's value per seed in parentheses) and each seed's ICS / "
+             "general accuracy (* at the goal); the band: two of one "
              "run's measurement noise on those items (binomial, at the backbone's score, at least one item) around "
              "the backbone's"
              + (f" (ICS {fmt(report['backbone_val'].get('ics'))} over {report['backbone_val'].get('n_ics')} pairs, "
                 f"general {fmt(report['backbone_val'].get('general'))} over "
                 f"{report['backbone_val'].get('n_general')} questions)" if report.get("backbone_val") else "")
              + "; moved: ICS above the band; keeps general: general accuracy not below it; kept by: the rule that "
-             "chose the point (study/selection.py): the highest ICS among the points that moved and kept general "
+             "chose the point (study/selection.py): the most sweep seeds at the goal, then the highest mean ICS, then "
+             "general accuracy; where no seed met it, the highest ICS among the points that moved and kept general "
              "ability, else the best composite among those that moved, else among all."
              + ("" if report.get("format", 0) >= 3 else " " + OLD_RULE_TEXT), "", sweep_table(report)]
     for budget, step in budgets.items():

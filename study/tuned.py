@@ -12,16 +12,14 @@ from pathlib import Path
 from cli.entry import ArgumentParser
 from cli.errors import read_json
 from cli.numbers import int_at_least, option, positive_float
-from study.estimate import check, estimate, estimate_text, resumed_phase
+from study.estimate import STEPS_OF, check, estimate, estimate_text, resumed_phase
 from study.methods import NAMES
 from study.pins import compare_runs
 from study.plots import plot_frontier
-from study.protocol import SEEDS
+from study.protocol import SEEDS, SWEEP_SEEDS, TUNED_METHODS
 from study.publish import READABLE, publish, read_study
 from study.selection import BETA_METHODS
 from study.tables import tables
-
-STUDY_METHODS = ("sft", "dpo", "nca", "nca_p", "grpo", "grpo_guided")  # the Makefile's study-tuned (no refinement)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,10 +42,11 @@ def main(argv: list[str] | None = None) -> None:
     guess = commands.add_parser("estimate", help="the protocol's runs and their time, estimated from a recorded "
                                 "study's timings (not this machine's)")
     guess.add_argument("recorded", help="a tuned study.json whose runs' times are the evidence (docs/study_tuned.json)")
-    guess.add_argument("--methods", nargs="+", choices=list(NAMES), default=list(STUDY_METHODS),
-                       help="the methods of the study estimated (default: the Makefile's)")
-    guess.add_argument("--sweep-seeds", type=option("seed"), nargs="+", default=[100, 101],
-                       help="the seeds of every sweep point, as the study takes them (default: 100 101)")
+    guess.add_argument("--methods", nargs="+", choices=[m for m in NAMES if m in STEPS_OF], default=TUNED_METHODS,
+                       help="the methods of the study estimated (default: the protocol's, as the Makefile runs them)")
+    guess.add_argument("--sweep-seeds", type=option("seed"), nargs="+", default=SWEEP_SEEDS,
+                       help=f"the seeds of every sweep point, as the study takes them (default: "
+                            f"{' '.join(map(str, SWEEP_SEEDS))})")
     guess.add_argument("--seeds", type=option("seed"), nargs="+", default=list(range(SEEDS)),
                        help="the final runs' seeds, as the study takes them (default: 0-9)")
     guess.add_argument("--jobs", type=int_at_least(1), default=2, help="runs at once (default: 2)")

@@ -9,7 +9,16 @@ May import: the study's methods, results and text.
 from __future__ import annotations
 
 from study.methods import NAMES
-from study.results import COMPUTE_TOLERANCE, GOAL, GRPO_METHODS, METRICS, budget_names, references, seeds_needed
+from study.results import (
+    COMPUTE_TOLERANCE,
+    GOAL,
+    GOAL_HMS,
+    GRPO_METHODS,
+    METRICS,
+    budget_names,
+    references,
+    seeds_needed,
+)
 from study.text import ci, fmt, p_value
 
 # Which rows a GRPO run's reference tokens were counted on (train/compute.py's reference_rule, recorded per run)
@@ -80,7 +89,8 @@ def goal_lines(report: dict) -> list[str]:
                      "met it, the medians, and what limited the others):")
     for m in order:
         e = g["methods"][m]
-        lines.append(f"- {NAMES[m]}: {e['met']} of {e['n']} seeds met it (needed {e['needed']}); ICS median "
+        hms = f", {e['met_hms']} of them with HMS >= {GOAL_HMS:g}" if "met_hms" in e and e["met"] else ""
+        lines.append(f"- {NAMES[m]}: {e['met']} of {e['n']} seeds met it (needed {e['needed']}{hms}); ICS median "
                      f"{fmt(e['ics']['median'])}, mean {ci(e['ics'])}; general median {fmt(e['general']['median'])}, "
                      f"mean {ci(e['general'])}. " + misses_text(e) + statistics_text(e["logged"], budget))
     common = report["success"].get("1x", {})
@@ -94,8 +104,8 @@ def goal_lines(report: dict) -> list[str]:
     return lines
 
 
-def grpo_lines(report: dict) -> list[str]:
-    pairs = [f"{a} - {b}" for a in GRPO_METHODS for b in ("grpo", "nca_p", "dpo") if a != b]
+def pair_lines(report: dict, pairs: list[str], heading: str) -> list[str]:
+    """The paired differences of these pairs ("a - b") at every budget, one line each, under a heading."""
     lines = []
     for b in budget_names(report):
         for pair in pairs:
@@ -106,23 +116,35 @@ def grpo_lines(report: dict) -> list[str]:
             said = verdicts({"paired": {b: {pair: d}}})
             lines.append(f"- {b}, {NAMES[a]} - {NAMES[o]}: " + "; ".join(
                 f"{METRICS[k]} {ci(d[k])} (p {p_value(d[k]['p'])}, {said[(b, pair, k)]})"
-                for k in ("ics", "general", "overall") if k in d) + ".")
-    if lines:
-        lines.insert(0, "**The GRPOs** (each at its kept setting per budget) against each other and the offline "
-                        "methods, paired over the seeds (difference [95% t interval], p):")
-    return lines
+                for k in ("ics", "hms", "general", "overall") if k in d) + ".")
+    return [heading, *lines] if lines else []
+
+
+def grpo_lines(report: dict) -> list[str]:
+    others = (*GRPO_METHODS, "nca_p", "dpo", "sft_general", "nca_p_general")
+    return pair_lines(report, [f"{a} - {b}" for a in GRPO_METHODS for b in others if a != b],
+                      "**The GRPOs** (each at its kept setting per budget) against each other and the offline "
+                      "methods, paired over the seeds (difference [95% t interval], p):")
+
+
+def general_lines(report: dict) -> list[str]:
+    return pair_lines(report, [f"{m}_general - {m}" for m in ("sft", "dpo", "nca_p")],
+                      "**The general task** (each method with a quarter of its training rows from the general task "
+                      "against the same method on SPY data alone, each at its own kept setting, paired over the "
+                      "seeds):")
 
 
 def verdict_text(report: dict) -> str:
     """The verdict on the goal, the GRPOs against the others, the compute match, and the settings kept although
     they did not move, in sentences made from the numbers."""
     g = report["goal"]
-    lines = [f"**The goal** (issues 40 and 47): at {g['budget']}, held-out ICS >= {GOAL['ics']:g} with general-task "
+    lines = [f"**The goal** (issues 40, 47 and 53): at {g['budget']}, held-out ICS >= {GOAL['ics']:g} with general-task "
              f"accuracy >= {GOAL['general']:g} on at least {g['share']:.0%} of the seeds (a seed counts when its own "
-             "run meets both); at 1x, privacy moved with general accuracy >= 95.", "", *goal_lines(report)]
-    grpo = grpo_lines(report)
-    if grpo:
-        lines += ["", *grpo]
+             f"run meets both), and how many of those seeds also reach HMS >= {GOAL_HMS:g}; at 1x, privacy moved with "
+             "general accuracy >= 95.", "", *goal_lines(report)]
+    for extra in (general_lines(report), grpo_lines(report)):
+        if extra:
+            lines += ["", *extra]
     match = report.get("compute_match", {})
     if match:
         lines += ["", "**Compute** (train/compute.py, read from each run's log): " + "; ".join(
@@ -188,8 +210,11 @@ def _choice(report: dict, c: dict, backbone: dict, word: str) -> str:
     general = [o["general"] for o in c["seeds"].values() if o["general"] is not None]
     dpo = report["summary"][b].get("dpo", {}).get("compute_k", {}).get("mean")
     needed = seeds_needed(c["n"])
+    hms = sum(o.get("goal_hms", False) for o in c["seeds"].values())
     text = (f"**{word}: {name} at {b}**: {c['goal']} of {c['n']} seeds met the goal"
-            + (f" (short of the {needed} it asks)" if c["goal"] < needed else "") + f"; ICS median {fmt(s['ics']['median'])}, "
+            + (f" (short of the {needed} it asks)" if c["goal"] < needed else "")
+            + (f", {hms} of them with scenario privacy too (HMS >= {GOAL_HMS:g})" if "hms" in s else "")
+            + f"; ICS median {fmt(s['ics']['median'])}, "
             f"general median {fmt(s['general']['median'])}. Its cost in general ability: mean {fmt(s['general']['mean'])}"
             f" against the backbone's {fmt(backbone['general'])}, worst seed {fmt(min(general))}. Its compute: "
             f"{fmt(c['compute'], 0)}k tokens per run"

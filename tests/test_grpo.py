@@ -326,7 +326,7 @@ BAD_SETTINGS = [  # (id, options after the demo recipe, what the one line says)
      "judge_base_url: expected an http(s):// URL"),
     ("judge-concurrency", ("--judge_concurrency", "0"), "command line: judge_concurrency: must be at least 1, got 0"),
     ("missing-share", ("--max_missing_reward_share", "1.5"), "max_missing_reward_share: must be in [0, 1]"),
-    ("general-mix", ("--general_fraction", "0.3"), "general_fraction > 0 and general_data_path go together"),
+    ("general-mix", ("--general_fraction", "0.3"), "general_fraction: needs general_data_path"),
     ("judge-key", ("--judge", "gpt-4o", "--judge_api_key_env", "NO_SUCH_KEY_I33"), "NO_SUCH_KEY_I33: not set"),
     # issue 39 item 2: GRPO's numbers, one table (train/common.py TRAINING_RULES), checked before the config is built
     ("num-generations-0", ("--num_generations", "0"), "command line: num_generations: must be at least 2, got 0"),

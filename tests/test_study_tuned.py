@@ -115,18 +115,19 @@ def test_a_point_that_only_loses_general_accuracy_does_not_move():
 
 def test_the_goal_floor_keeps_the_highest_ics_that_keeps_general_ability_and_falls_back_saying_so():
     """Among the points that moved and kept general ability, the highest ICS, even against a better composite (the
-    harmonic mean that a point with 100 ICS and 55 general can win); none keeps it: the best composite among the
-    movers (rule 'composite'); none moved: the best composite among all (rule 'still'); the rule is recorded."""
+    harmonic mean that a point with 100 ICS and 55 general can win), where no sweep seed met the goal; none keeps it:
+    the best composite among the movers (rule 'composite'); none moved: the best composite among all (rule 'still');
+    the rule is recorded."""
     high_ics_low_general = _swept(1e-3, {"3x": (100.0, 55.0, 71.0)})
     kept_general = _swept(3e-4, {"3x": (80.0, 99.0, 60.0)})
-    best = _swept(6e-4, {"3x": (97.0, 98.0, 68.0)})
+    best = _swept(6e-4, {"3x": (87.0, 98.0, 68.0)})
     assert select([high_ics_low_general, kept_general, best], "3x") == {
         "point": {"learning_rate": 6e-4}, "moved": True, "rule": "floor"}
     assert select([high_ics_low_general, kept_general], "3x")["point"] == {"learning_rate": 3e-4}
     # equal ICS: the higher general accuracy; then the earlier point
-    twin = _swept(9e-4, {"3x": (97.0, 100.0, 66.0)})
+    twin = _swept(9e-4, {"3x": (87.0, 100.0, 66.0)})
     assert select([best, twin], "3x")["point"] == {"learning_rate": 9e-4}
-    assert select([best, _swept(9e-4, {"3x": (97.0, 98.0, 70.0)})], "3x")["point"] == {"learning_rate": 6e-4}
+    assert select([best, _swept(9e-4, {"3x": (87.0, 98.0, 70.0)})], "3x")["point"] == {"learning_rate": 6e-4}
     # no mover keeps general ability: the best composite among the movers, said so
     other = _swept(2e-3, {"3x": (92.0, 40.0, 56.0)})
     assert select([other, high_ics_low_general], "3x") == {"point": {"learning_rate": 1e-3}, "moved": True,
@@ -136,14 +137,42 @@ def test_the_goal_floor_keeps_the_highest_ics_that_keeps_general_ability_and_fal
 
 def test_two_sweep_seeds_average_before_selection():
     """Each seed's run counts once: the means over the sweep seeds are what moved, keeps_general and the rules see.
-    Seed 100 alone would keep the first point (ICS 99, general 100), seed 101 alone the second; averaged, the first
-    (ICS 92, general 98.5) keeps general ability and the second (ICS 95.5, general 96) does not."""
-    first = _swept(3e-4, {}, seeds={"100": {"3x": (99.0, 100.0, 70.0)}, "101": {"3x": (85.0, 97.0, 60.0)}})
-    second = _swept(9e-4, {}, seeds={"100": {"3x": (91.0, 92.0, 65.0)}, "101": {"3x": (100.0, 100.0, 72.0)}})
-    assert first["budgets"]["3x"]["ics"] == 92.0 and first["budgets"]["3x"]["general"] == 98.5
+    Seed 100 alone would keep the first point (ICS 89, general 100), seed 101 alone the second; averaged, the first
+    (ICS 87, general 98.5) keeps general ability and the second (ICS 85, general 96) does not."""
+    first = _swept(3e-4, {}, seeds={"100": {"3x": (89.0, 100.0, 70.0)}, "101": {"3x": (85.0, 97.0, 60.0)}})
+    second = _swept(9e-4, {}, seeds={"100": {"3x": (81.0, 92.0, 65.0)}, "101": {"3x": (89.0, 100.0, 72.0)}})
+    assert first["budgets"]["3x"]["ics"] == 87.0 and first["budgets"]["3x"]["general"] == 98.5
     assert first["budgets"]["3x"]["keeps_general"] is True and second["budgets"]["3x"]["keeps_general"] is False
     assert first["budgets"]["3x"]["overall"]["mean"] == 65.0 and first["budgets"]["3x"]["overall"]["n"] == 2
     assert select([first, second], "3x") == {"point": {"learning_rate": 3e-4}, "moved": True, "rule": "floor"}
+
+
+def test_a_point_is_ranked_by_how_many_sweep_seeds_meet_the_goal():
+    """Issue 53: a bimodal outcome (a seed flips to the goal or does not) lost on its mean (lr 3e-4: validation ICS
+    98.5 and 9.0, mean 53.7, against 70.1 and 64.2). Now a point is ranked by how many of its sweep seeds meet the goal
+    on validation (ICS >= 90 with general >= 95), then by its mean ICS, then general accuracy: 2 of 3 seeds at 98 and
+    one at 9 beat 67, 68, 66, and beat a steady point closer to the goal (80, 85, 84) whose mean is higher."""
+    def three(lr, *ics, general=100.0):
+        return _swept(lr, {}, seeds={str(100 + i): {"3x": (x, general, 50.0)} for i, x in enumerate(ics)})
+
+    flips = three(3e-4, 98.0, 98.0, 9.0)
+    steady = three(1e-4, 67.0, 68.0, 66.0)
+    closer = three(2e-4, 80.0, 85.0, 84.0)
+    assert flips["budgets"]["3x"]["at_goal"] == 2 and steady["budgets"]["3x"]["at_goal"] == 0
+    assert closer["budgets"]["3x"]["ics"] > flips["budgets"]["3x"]["ics"]
+    assert select([steady, flips], "3x") == {"point": {"learning_rate": 3e-4}, "moved": True, "rule": "goal"}
+    assert select([closer, steady, flips], "3x")["point"] == {"learning_rate": 3e-4}
+    # more seeds at the goal first, then the mean ICS, then general accuracy
+    all_three = three(9e-4, 92.0, 91.0, 90.0)
+    assert select([flips, all_three], "3x")["point"] == {"learning_rate": 9e-4}
+    one_high = three(6e-4, 100.0, 9.0, 9.0)
+    two_low = three(7e-4, 90.0, 90.0, 9.0)
+    assert select([one_high, two_low], "3x")["point"] == {"learning_rate": 7e-4}
+    same_general = three(5e-4, 98.0, 98.0, 9.0, general=99.0)
+    assert select([same_general, flips], "3x")["point"] == {"learning_rate": 3e-4}
+    # a seed at 98 ICS but general 94 is not at the goal
+    assert three(4e-4, 98.0, 98.0, 98.0, general=94.0)["budgets"]["3x"]["at_goal"] == 0
+    assert RULES["goal"] == "most sweep seeds at goal"
 
 
 def test_the_refinement_points_around_the_long_budgets_choice():
@@ -213,7 +242,7 @@ def test_the_sweep_refines_in_two_dimensions_around_the_long_budgets_choice(monk
     assert (9e-4, 0.03) in refined and (6e-4, 0.01) not in refined and len(set(refined)) == 7
     assert len(seen) == 2 * 11 and {s for *_, s in seen} == {100, 101}
     assert swept["kept"]["3x"] == {"learning_rate": pytest.approx(9e-4), "beta": pytest.approx(0.03)}
-    assert swept["rule"]["3x"] == "floor" and swept["rule"]["1x"] == "still"
+    assert swept["rule"]["3x"] == "goal" and swept["rule"]["1x"] == "still"  # both sweep seeds of (9e-4, 0.03) at it
 
 
 def test_a_comment_only_recipe_edit_keeps_the_digest(tmp_path):
@@ -527,7 +556,12 @@ def test_success_per_seed_against_hand_counts():
     moved privacy (held-out ICS above the backbone's 7.5 by more than 2 x 3.218 over 67 pairs) with general >= 95;
     what each missing seed lacked; the goal reached at 9 of 10 seeds."""
     assert seed_outcome({"ics": 90.0, "general": 95.0, "n_ics": 67}, 7.5) == {
-        "ics": 90.0, "general": 95.0, "goal": True, "moved": True, "kept": True, "short": {}}
+        "ics": 90.0, "general": 95.0, "hms": None, "goal": True, "goal_hms": False, "moved": True, "kept": True,
+        "short": {}}
+    # issue 53: of the seeds at the goal, those whose scenario privacy reaches HMS 80 too
+    assert seed_outcome({"ics": 96.9, "general": 95.0, "hms": 88.1, "n_ics": 67}, 7.5)["goal_hms"] is True
+    assert seed_outcome({"ics": 96.9, "general": 95.0, "hms": 79.9, "n_ics": 67}, 7.5)["goal_hms"] is False
+    assert seed_outcome({"ics": 89.9, "general": 95.0, "hms": 88.1, "n_ics": 67}, 7.5)["goal_hms"] is False
     assert seed_outcome({"ics": 89.9, "general": 100.0, "n_ics": 67}, 7.5)["short"] == {"ics": pytest.approx(0.1)}
     low = seed_outcome({"ics": 13.9, "general": 99.0, "n_ics": 67}, 7.5)
     assert low["moved"] is False and low["kept"] and not low["goal"]  # 6.4 points: inside the band
@@ -574,7 +608,7 @@ def test_the_verdict_and_the_recommendation_come_from_the_numbers():
     assert g["methods"]["grpo_guided"]["logged"]["kl"] == {"mean": pytest.approx(0.03), "low": 0.02, "high": 0.04}
     text = verdict_text(report)
     assert "**No method reached it at 3x.**" in text and "at least 90% of the seeds" in text
-    assert "- NCA-P: 1 of 2 seeds met it (needed 2); ICS median 91.0" in text
+    assert "- NCA-P: 1 of 2 seeds met it (needed 2, 0 of them with HMS >= 80); ICS median 91.0" in text
     assert "The other 1: 1 short on general accuracy (at 60.0; of all its general answers: refusal 28.0%" in text
     assert "- DPO: 1 of 2 seeds met it" in text and "1 short on ICS (at 25.0)" in text
     assert "refusal-expected groups holding a refusal 0.5 (0.4-0.6)" in text and "groups guided 0.4 (0.3-0.5)" in text
@@ -592,7 +626,8 @@ def test_the_verdict_and_the_recommendation_come_from_the_numbers():
     assert none.startswith("**No method met the goal on any seed at any budget**") and "DPO at 1x, seed1" in none
     reached = _report({"sft": [(96, 97), (98, 99)], "grpo": [(8, 100), (7, 100)]}, budgets)
     assert "**Reached at 3x by SFT (2 of 2 seeds).**" in verdict_text(reached)
-    assert recommendation_text(reached).startswith("**Use: SFT at 1x**: 2 of 2 seeds met the goal;")
+    assert recommendation_text(reached).startswith("**Use: SFT at 1x**: 2 of 2 seeds met the goal, 0 of them with "
+                                                   "scenario privacy too (HMS >= 80); ICS median 97.0")
 
 
 def test_tables_mark_verdicts_across_platforms():
@@ -608,7 +643,7 @@ def test_tables_mark_verdicts_across_platforms():
     assert "## Verdict" in text and "## Recommendation" in text and "## Every seed" in text
     assert "| backbone (reference) | – | 7.5 | 100.0 | 19.3 |" in text
     assert "| NCA-P | 1x | 90.0 / 0.0 | 92.0 / 0.0 | 94.0 / 0.0 |" in text
-    assert "| NCA-P | 3 | lr 0.001, beta 0.1 | 10-step runs | 0/3 | 0/3 | 92.0 [90.0, 94.0] | 92.0 |" in text
+    assert "| NCA-P | 3 | lr 0.001, beta 0.1 | 10-step runs | 0/3 | 0/3 | 0/3 | 92.0 [90.0, 94.0] | 92.0 |" in text
     assert "percentile bootstrap" in text and "**Measured wall time**" in text
 
 

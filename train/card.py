@@ -26,11 +26,10 @@ DEFAULT_LICENSE = "apache-2.0"
 RECIPE_KEYS = ("beta", "loss_type", "learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
                "gradient_accumulation_steps", "lr_scheduler_type", "warmup_ratio", "max_length", "seed", "bf16",
                "gradient_checkpointing", "shared_vision", "packed", "packed_attention", "precompute_ref_log_probs",
-               "num_generations", "max_completion_length", "reward_funcs", "reward_weights", "judge",
-               "general_fraction")
+               "num_generations", "max_completion_length", "reward_funcs", "reward_weights", "judge")
 MODEL_KEYS = ("dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
               "lora_target_modules", "load_in_4bit", "load_in_8bit")
-SCRIPT_KEYS = ("train_data_path", "image_folder", "eval_data_path", "categories", "add_distractors",
+SCRIPT_KEYS = ("train_data_path", "image_folder", "eval_data_path", "categories", "add_distractors", "general_fraction",
                "num_train_samples", "min_pixels", "max_pixels", "dataset_name")
 PATH_KEYS = ("train_data_path", "image_folder", "eval_data_path", "categories")
 PACKAGES = ("transformers", "trl", "peft", "torch", "datasets", "accelerate", "huggingface_hub")

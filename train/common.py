@@ -42,8 +42,14 @@ class SpyTuneArguments:
     dataset_name: str = field(default="SPY-Tune", metadata={"help": "Dataset name shown in the model card."})
     helpful: bool = field(default=False, metadata={"help": "SFT only: answer every question whatever the instruction "
                                                            "(the study's helpful backbone)."})
-    general_data_path: str | None = field(default=None, metadata={"help": "SFT and GRPO: general-task JSON whose rows "
-                                                                          "are added (data_prep/synthetic.py)."})
+    general_data_path: str | None = field(default=None, metadata={
+        "help": "General-task JSON ({\"data_list\": [{image_path, question, answer}]}, data_prep/synthetic.py) mixed "
+                "into the training rows at general_fraction: SFT trains on its answers, DPO / NCA / NCA-P on pairs "
+                "(chosen: the right answer; rejected: a refusal or a wrong answer), GRPO on its questions scored by "
+                "exact match."})
+    general_fraction: float | None = field(default=None, metadata={
+        "help": "Share of the training rows drawn from general_data_path (0.25: a quarter). SFT without it: every "
+                "row of the file (the study's backbone); the other methods need it with general_data_path."})
     resume_with_new_settings: bool = field(default=False, metadata={
         "help": "Resume from a checkpoint trained with other settings or data (refused without it; train/resume.py)."})
     base_with_other_data: bool = field(default=False, metadata={
@@ -262,6 +268,8 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
         fail("max_pixels", f"smaller than min_pixels ({script_args.max_pixels} < {script_args.min_pixels})")
     if training_args.push_to_hub and not training_args.hub_model_id:
         fail("hub_model_id", "push_to_hub needs it (e.g. your-name/qwen2-vl-7b-spy-nca-p)")
+    if script_args.general_fraction and not script_args.general_data_path:
+        fail("general_fraction", "needs general_data_path (the general-task file its rows come from)")
     if script_args.categories is not None:
         from data_prep.categories import load_categories
 
@@ -438,10 +446,14 @@ def _load_model_and_processor(model_args, script_args: SpyTuneArguments, trainin
 
 def load_datasets(method: str, script_args: SpyTuneArguments, training_args):
     """(train, eval or None) datasets of one method; bad input raises InputError naming file, record, field, and so
-    does a batch the training data cannot fill (train/ranges.py check_batches), before the model loads. GRPO:
-    `general_fraction` of the training prompts come from the general-task file."""
+    does a batch the training data cannot fill (train/ranges.py check_batches), before the model loads;
+    `general_fraction` of the training rows come from the general-task file."""
     from data_prep.spy_tune import build_dataset
     from train.ranges import check_batches
+
+    share = script_args.general_fraction
+    if script_args.general_data_path and not share and not (share is None and method == "sft"):
+        _fail("general_data_path", "needs general_fraction > 0 (the share of the training rows it gives)")
 
     def build(path, shuffle, num_samples, **extra):
         return build_dataset(method, path, script_args.image_folder, script_args.add_distractors,
@@ -450,7 +462,7 @@ def load_datasets(method: str, script_args: SpyTuneArguments, training_args):
 
     train = build(script_args.train_data_path, script_args.shuffle, script_args.num_train_samples,
                   helpful=script_args.helpful, general_path=script_args.general_data_path,
-                  general_fraction=getattr(training_args, "general_fraction", None))
+                  general_fraction=script_args.general_fraction or None)
     check_batches(method, len(train), training_args, _fail)
     evaluation = build(script_args.eval_data_path, False, None) if script_args.eval_data_path else None
     return train, evaluation

@@ -152,16 +152,16 @@ def mean_case_tokens(method: str, data: Path, processor, general_fraction: float
     pair's two sequences (NCA-P: four) through the trainers' own collators; a GRPO sample's prompt as TRL tokenizes it
     for generation, plus the answer the helpful backbone was trained to give (recipes/study/backbone.yaml: it
     answers, refusing only the absolute categories; a general question: the colour word) with its end-of-turn token.
-    `sample`: that many cases, evenly spread over the data in its file order (every category, the general share)."""
+    `general_fraction` > 0: that share of the cases are the general task's (data_prep/spy_tune.py's general_for), for
+    every method. `sample`: that many cases, evenly spread over the data in its file order (every category, the general share)."""
     from data_prep.spy_tune import build_dataset
 
     data = Path(data)
-    general = data / "general_train.json" if method == "grpo" and general_fraction else None
+    mixed = {"general_path": data / "general_train.json", "general_fraction": general_fraction} \
+        if general_fraction else {}
 
     def rows(name: str, **extra):
-        built = build_dataset(name, data / "train_data.json", data, add_distractors=False, shuffle=False,
-                              general_path=general if name == "grpo" else None,
-                              general_fraction=general_fraction if name == "grpo" else None, **extra)
+        built = build_dataset(name, data / "train_data.json", data, add_distractors=False, shuffle=False, **extra)
         if not sample or sample >= len(built):
             return built
         return built.select(sorted({i * len(built) // sample for i in range(sample)}))
@@ -169,7 +169,7 @@ def mean_case_tokens(method: str, data: Path, processor, general_fraction: float
     if method == "grpo":
         from trl.data_utils import prepare_multimodal_messages
 
-        prompts = rows("grpo")
+        prompts = rows("grpo", **mixed)
         prompt_tokens = [len(processor.apply_chat_template(
             conversation=[prepare_multimodal_messages(r["prompt"], r["images"])], add_generation_prompt=True,
             tokenize=True, return_dict=True)["input_ids"][0]) for r in prompts]
@@ -192,7 +192,7 @@ def mean_case_tokens(method: str, data: Path, processor, general_fraction: float
         pairs = NCAPCollator(processor).preference_pairs if method == "nca_p" else (lambda examples: examples)
         preference = DataCollatorForVisionPreference(processor)
         collate = lambda examples: preference(pairs(examples))  # noqa: E731
-    cases = rows({"sft": "sft", "dpo": "dpo", "nca": "nca", "nca_p": "nca_p"}[method])
+    cases = rows({"sft": "sft", "dpo": "dpo", "nca": "nca", "nca_p": "nca_p"}[method], **mixed)
     total = 0
     for start in range(0, len(cases), 32):
         batch = [cases[i] for i in range(start, min(start + 32, len(cases)))]

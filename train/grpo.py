@@ -75,8 +75,6 @@ def check_grpo(script_args, args: VisionGRPOConfig) -> None:
     for name, problem in problems.items():
         if problem:
             raise option_error(name, problem)
-    if (args.general_fraction > 0) != bool(script_args.general_data_path):
-        raise option_error("general_fraction", "general_fraction > 0 and general_data_path go together")
     if script_args.helpful:
         raise option_error("helpful", "only SFT trains the helpful backbone, not GRPO")
     problem = dynamic_sampling_problem(args)
