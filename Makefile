@@ -26,15 +26,15 @@ study: OUT = outputs/study
 study: $(STAMP)
 	$(OFFLINE) $(PY) -m study --out $(OUT)
 
-# The tuned protocol (docs/study.md): the six methods (guided GRPO: issue 45), each swept per budget on a validation
-# split (two sweep seeds), 10 seeds at the kept settings, 1x and 3x budgets matched in compute, per-seed success,
-# intervals, paired tests, the frontier, the verdict and a recommendation; two runs at a time. Without the protocol's
-# 2-D refinement (74 more sweep runs), given up for time: on a slower machine of our kind the study took 155 min
-# without it and is estimated at 197 with it (docs/study.md, "Sizing"). Then `python -m study.tuned publish $(OUT)`.
+# The tuned protocol (docs/study.md): SFT, DPO and NCA-P each with and without the general task, guided GRPO and SFT
+# then guided GRPO (issue 53; NCA and plain GRPO opt in with --methods), each swept per budget on a validation split in
+# phrasings of its own (three sweep seeds, ranked by how many meet the goal), 10 seeds at the kept settings, 1x and 3x
+# budgets matched in compute, per-seed success, intervals, paired tests, the frontier, the verdict and a
+# recommendation; two runs at a time. Without the protocol's 2-D refinement, given up for time (docs/study.md,
+# "Sizing"). Then `python -m study.tuned publish $(OUT)`.
 study-tuned: OUT = outputs/study-tuned
 study-tuned: $(STAMP)
-	$(OFFLINE) $(PY) -m study --protocol tuned --jobs 2 --methods sft dpo nca nca_p grpo grpo_guided \
-		--refine-lr-factors 1 --refine-beta-factors 1 --out $(OUT)
+	$(OFFLINE) $(PY) -m study --protocol tuned --jobs 2 --refine-lr-factors 1 --refine-beta-factors 1 --out $(OUT)
 
 # The suite on a worker per core (pytest-xdist; modules with expensive shared fixtures stay on one worker, see
 # tests/conftest.py); its budget is in docs/development.md.

@@ -18,6 +18,9 @@ class InputError(ValueError):
         # be printed; U+FFFD in its place
         super().__init__(re.sub("[\ud800-\udfff]", "\ufffd", line))
 
+    def __reduce__(self):  # raised in a worker process (the study's --jobs), it travels back whole
+        return type(self), (self.path, self.where, self.field, self.message)
+
 
 def new_file_mode() -> int:
     """The mode of a newly created file (0666 less the umask): what outputs get, not mkstemp's 0600."""

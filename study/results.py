@@ -73,8 +73,8 @@ def curves(final: dict, methods: list[str], steps: list[int]) -> dict:
 
     result = {}
     for step in steps:
-        for m in methods:
-            runs = [r["steps"][str(step)] for r in final[m]["runs"].values()]
+        for m in methods:  # a two-stage method has no checkpoint before its first stage's offset
+            runs = [r["steps"][str(step)] for r in final[m]["runs"].values() if str(step) in r["steps"]]
             result.setdefault(str(step), {})[m] = {k: bootstrap(v) for k, v in _numbers(runs, CURVES).items()}
     return result
 

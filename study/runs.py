@@ -236,7 +236,7 @@ def final_task(ctx: dict, method: str, point: dict, seed: int, total: int) -> di
     own_1x = total == ctx["steps"] and ctx["steps"] != ctx["long_steps"]  # the common budget's own run
     name = f"{method}-1x-seed{seed}" if own_1x else f"{method}-seed{seed}"
     folder = Path(ctx["out"]) / "runs" / name
-    steps = [total] if own_1x else curve_steps(ctx)
+    steps = [total] if own_1x else [s for s in curve_steps(ctx) if s > offset(method, ctx["steps"])]
     serves = [total] if own_1x else [ctx["long_steps"], *([ctx["steps"]] if ctx["common_from_long"][method] else [])]
     own, every = stage_steps(ctx, method, steps)
     trained = train_run(ctx, method, point, seed, folder, own[-1], every, log)

@@ -35,10 +35,11 @@ def conversation(record: dict, upto: int) -> list[dict]:
 
 
 def load_answered(path, images_dir) -> list[dict]:
-    """The records of a generation run; each must have its answer and image (else InputError)."""
+    """The records of a generation run; each must have its answer (an empty one is an answer: a model may stop at
+    once) and image (else InputError)."""
     records = read_jsonl(path, required=("id", "input_question", "response", "image_path"))
     for n, record in enumerate(records, 1):
-        if record.get("error") or not isinstance(record["response"], str) or not record["response"]:
+        if record.get("error") or not isinstance(record["response"], str):
             raise InputError(path, n, "response", "missing or failed; re-run `spy generate` first")
         check_image(inside(images_dir, record["image_path"], path, n, "image_path"), n, "image_path", source=path)
     return records
