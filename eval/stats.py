@@ -138,3 +138,29 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     front = [i for i, (x, y) in enumerate(points)
              if not any(a >= x and b >= y and (a > x or b > y) for a, b in points)]
     return sorted(front, key=lambda i: points[i])
+
+
+def mann_whitney(a: list[float], b: list[float]) -> dict:
+    """The two-sided Mann-Whitney U test of two independent samples (do the values of `a` tend to be higher than
+    those of `b`?): U = the pairs (x in a, y in b) with x > y, ties counting a half, and its exact p-value, the share
+    of the C(n, len(a)) ways of splitting the pooled values (midranks for ties) whose U lies as far from its mean
+    n_a n_b / 2 as the observed one. Exact by enumeration, so for small samples only (a study's sweep seeds against
+    its final seeds: C(13, 3) = 286 splits)."""
+    from itertools import combinations
+
+    if not a or not b:
+        raise ValueError("two non-empty samples")
+    pooled = sorted(a + b)
+    rank = {v: (pooled.index(v) + 1 + len(pooled) - pooled[::-1].index(v)) / 2 for v in pooled}  # midranks
+    ranks = [rank[v] for v in a + b]
+    offset = len(a) * (len(a) + 1) / 2
+
+    def u(chosen) -> float:
+        return sum(ranks[i] for i in chosen) - offset
+
+    observed, centre = u(range(len(a))), len(a) * len(b) / 2
+    splits = list(combinations(range(len(ranks)), len(a)))
+    if len(splits) > 200_000:
+        raise ValueError(f"{len(splits)} splits: too many to enumerate")
+    extreme = sum(abs(u(s) - centre) >= abs(observed - centre) - 1e-9 for s in splits)
+    return {"u": observed, "n_a": len(a), "n_b": len(b), "p": extreme / len(splits)}

@@ -201,14 +201,14 @@ def test_the_two_stage_methods_compute_counts_both_stages(tmp_path):
 
 def test_the_two_stage_plan_matches_the_others_compute(tmp_path):
     """On data built as the tuned study builds it, with its tokenizer: the first stage (20 SFT steps of 16 cases, a
-    quarter general) stands for its 6 guided GRPO steps (24 samples, at the generation rounds the published study's
+    quarter general) stands for its 6 guided GRPO steps (24 samples, at the generation rounds issue 47's study's
     guided GRPO took) within 20%; with the second stage's 24 and 84 steps the method's planned compute at 1x and 3x is
     within 20% of DPO's 30 and 90 steps."""
     from study.methods import first_steps, offset
     from train.compute import measured_rounds, study_plan, within
     from train.tiny_model import DEMO_CONFIG, build_tiny_model
 
-    rounds = measured_rounds(json.loads((ROOT / "docs" / "study_tuned.json").read_text()), "grpo_guided")
+    rounds = measured_rounds(json.loads((ROOT / "docs" / "study_tuned_issue47.json").read_text()), "grpo_guided")
     assert rounds is not None and rounds > 1
     data = synthetic.build(tmp_path / "data", 2, 1, general_train=100, general_test=8, train_whole_pool=True)
     model = build_tiny_model(tmp_path / "model", corpus=synthetic.text_corpus(general=True, validation=True),

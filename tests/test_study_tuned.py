@@ -66,6 +66,18 @@ def test_paired_difference_by_hand():
 
 
 
+def test_mann_whitney_against_hand_counts():
+    """Exact two-sided U test by enumeration: [1, 2, 3] below [4, 5, 6] is 2 of the C(6, 3) = 20 splits as extreme
+    (p 0.1, as printed tables give); two seeds above ten distinct values, 2 of C(12, 2) = 66; equal samples, p 1;
+    ties by midranks (U counts a tie a half)."""
+    from eval.stats import mann_whitney
+
+    assert mann_whitney([1, 2, 3], [4, 5, 6]) == {"u": 0.0, "n_a": 3, "n_b": 3, "p": pytest.approx(0.1)}
+    assert mann_whitney([70.1, 64.2], [float(x) for x in range(10)])["p"] == pytest.approx(2 / 66)
+    assert mann_whitney([1, 2], [1, 2])["p"] == 1.0
+    assert mann_whitney([1, 2, 2], [2, 3])["u"] == 1.0  # pairs a > b: none; ties (2, 2) twice: 2 x 0.5
+
+
 def test_general_answer_breakdown():
     records = [{"answer": "red", "response": "Red."}, {"answer": "red", "response": " blue "},
                {"answer": "red", "response": "I'm sorry, but I can't share the colour."},
@@ -319,12 +331,13 @@ def test_compute_formula_and_the_counts_it_reads_from_a_log():
 def test_grpo_compute_per_step_within_20_percent_of_dpo_on_the_study_data(tmp_path):
     """recipes/study/grpo.yaml's prompts and G per step against recipes/study/dpo.yaml's 16 pairs, in tokens measured
     on data built as the study builds it (every category, the general-task share) with the study's tokenizer, at the
-    generation rounds per step the published study's GRPO took with dynamic sampling (docs/study_tuned.json)."""
+    generation rounds per step issue 47's study's GRPO took with dynamic sampling (docs/study_tuned_issue47.json: the
+    last study that ran plain GRPO)."""
     from data_prep import synthetic
     from train.compute import study_plan
     from train.tiny_model import DEMO_CONFIG, build_tiny_model
 
-    rounds = measured_rounds(json.loads((ROOT / "docs" / "study_tuned.json").read_text()))
+    rounds = measured_rounds(json.loads((ROOT / "docs" / "study_tuned_issue47.json").read_text()))
     assert rounds is not None and rounds > 1  # dynamic sampling is on in the study and drew more prompts
     data = synthetic.build(tmp_path / "data", 2, 1, general_train=100, general_test=8)
     model = build_tiny_model(tmp_path / "model", corpus=synthetic.text_corpus(general=True), **DEMO_CONFIG)
@@ -412,12 +425,13 @@ def test_the_estimate_is_not_checked_against_a_resumed_study(tmp_path):
 def test_the_estimate_command_names_its_source_and_takes_seeds_as_a_list(capsys):
     from study import tuned
 
-    tuned.main(["estimate", str(ROOT / "docs" / "study_tuned.json"), "--seeds", "0", "1", "2", "--sweep-seeds", "100",
+    tuned.main(["estimate", str(ROOT / "docs" / "study_tuned_issue47.json"), "--seeds", "0", "1", "2", "--sweep-seeds", "100",
                 "--methods", "dpo", "nca_p", "--own-1x", "dpo"])
     out = capsys.readouterr().out
     assert "reads" in out and "a recorded study" in out and "not this machine" in out
     assert "final: 9 runs" in out and "sweep: 8 runs (8 points)" in out  # 6 long + DPO's 3 at 1x; no refinement
-    tuned.main(["estimate", str(ROOT / "docs" / "study_tuned.json"), "--sweep-seeds", "100", "--methods", "dpo", "nca_p",
+    tuned.main(["estimate", str(ROOT / "docs" / "study_tuned_issue47.json"), "--sweep-seeds", "100", "--methods", "dpo",
+                "nca_p",
                 "--refine-lr-factors", "0.6667", "1", "1.5", "--refine-beta-factors", "0.3333", "1", "3"])
     assert "sweep: 22 runs (22 points)" in capsys.readouterr().out  # the protocol's grid: 7 more points each
     parser = None
@@ -537,7 +551,7 @@ def test_bootstrap_intervals_respect_the_range_against_hand_computations():
     percentile bootstrap over the same ten seeds stays inside [0, 100]; on small sets its quantiles are known exactly:
     two values -> each is a resampled mean with probability 1/4; {0, 0, 0, 100} -> P(mean = 100) = 1/256 < 2.5% but
     P(mean >= 75) = 13/256 > 2.5%, so [0, 75]. Seeded: the same values give the same interval."""
-    dpo_3x = [100.0, 85.1, 100.0, 100.0, 25.4, 97.8, 100.0, 89.6, 100.0, 75.4]  # docs/study_tuned.json, seeds 0-9
+    dpo_3x = [100.0, 85.1, 100.0, 100.0, 25.4, 97.8, 100.0, 89.6, 100.0, 75.4]  # study_tuned_issue47.json, seeds 0-9
     t = interval(dpo_3x)
     assert round(t["mean"], 1) == 87.3 and t["high"] > 100
     b = bootstrap(dpo_3x)
@@ -666,7 +680,7 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     result = run_study(out)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "study.json").read_text())
-    assert report["protocol"] == "tuned" and report["format"] == 3 and report["methods"] == ["nca_p"]
+    assert report["protocol"] == "tuned" and report["format"] == FORMAT == 4 and report["methods"] == ["nca_p"]
     assert report["seeds"] == [0, 1] and report["budgets"] == {"1x": 2, "2x": 4} and report["curve_steps"] == [1, 2, 3, 4]
     assert {"torch", "cpu_capability", "threads", "blas"} <= set(report["platform"])
     assert report["platform"]["threads"] == "1"
@@ -674,7 +688,7 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     assert "avx512" in report["platform"] and "lscpu_model" in report["platform"]
     assert report["plan"]["nca_p"]["cases"] == 2 and report["plan"]["nca_p"]["case_tokens"] > 0
 
-    # the validation split: the training phrasings, items and images of its own (not the held-out bench's)
+    # the validation split: items, images and phrasings of its own (not the training ones, not the held-out bench's)
     data = out / "synthetic-spy-tune"
     val = json.loads((data / "val_questions.json").read_text())["benchmark_list"]
     test = json.loads((data / "questions.json").read_text())["benchmark_list"]
@@ -694,7 +708,7 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     assert report["backbone_val"]["n_general"] == 8 and report["backbone_val"]["n_ics"] >= 1
     for p in points:
         assert set(p["seeds"]["100"]) == {"1x", "2x", "trained", "wall_seconds"} and p["seeds"]["100"]["trained"]
-        assert set(p["budgets"]["2x"]) == {"ics", "general", "overall", "moved", "keeps_general"}
+        assert set(p["budgets"]["2x"]) == {"ics", "general", "overall", "moved", "keeps_general", "at_goal", "n"}
         assert p["seeds"]["100"]["1x"]["compute_k"] < p["seeds"]["100"]["2x"]["compute_k"]  # NCA-P's logged tokens
     assert (out / "sweep" / "nca_p-lr0.0009-beta0.01-seed100" / "checkpoint-2").is_dir()
     suite = out / "suite" / "sweep" / "nca_p-lr0.0009-beta0.01-seed100" / "step4"
@@ -797,6 +811,46 @@ def test_tuned_study_end_to_end_reuse_and_refusal(tmp_path):
     quick = forked_python.run([sys.executable, "-m", "study", "--out", str(out), "--seeds", "0"], cwd=ROOT,
                            capture_output=True, text=True)
     assert quick.returncode == 2 and quick.stderr.strip().splitlines() == [error]
+
+
+TWO_STAGE_SHORT = ["--protocol", "tuned", "--methods", "sft_grpo_guided", "--lr-factors", "1", "--beta-factors", "1",
+                   "--refine-lr-factors", "1", "--refine-beta-factors", "1", "--sweep-seeds", "100", "--seeds", "0",
+                   "--backbone-steps", "2", "--steps", "3", "--long-factor", "2", "--curve-every", "1",
+                   *SHORT[SHORT.index("--train-per-label"):]]
+
+
+@pytest.mark.slow
+def test_the_two_stage_method_end_to_end(tmp_path):
+    """SFT then guided GRPO through the protocol, shortened (budgets of 3 and 6 steps: its first stage stands for 1
+    and trains 2 SFT steps; its second stage 2 and 5): each seed's first stage trained once from the backbone, before
+    the runs that start from it; a run's checkpoints at its own steps reported at the budget steps, with both stages'
+    compute and time; its curve from the offset on."""
+    out = tmp_path / "two"
+    result = forked_python.run([sys.executable, "-m", "study", "--out", str(out), *TWO_STAGE_SHORT, *TRAIN_ARGS],
+                               cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "study.json").read_text())
+    assert report["methods"] == ["sft_grpo_guided"] and report["budgets"] == {"1x": 3, "2x": 6}
+    for seed in ("100", "0"):
+        first = out / "first_stage" / f"sft_cold_start-seed{seed}"
+        assert json.loads((first / "train_metrics.json").read_text())[-1]["step"] == 2
+        assert result.stdout.count(f"sft_cold_start-seed{seed}: 2 steps") == 1
+    log = (out / "runs" / "logs" / "sft_grpo_guided-seed0.log").read_text()
+    assert str(out / "first_stage" / "sft_cold_start-seed0") in log  # the second stage starts from its seed's first
+    run = report["final"]["sft_grpo_guided"]["runs"]["seed0"]
+    assert set(run["steps"]) == {"2", "3", "4", "5", "6"}  # curve steps past the offset, at budget steps
+    folder = out / "runs" / "sft_grpo_guided-seed0"
+    assert (folder / "checkpoint-5").is_dir() and not (folder / "checkpoint-6").exists()
+    assert all(v["first_stage_seconds"] > 0 for v in run["steps"].values())
+    first = run_compute(json.loads((out / "first_stage" / "sft_cold_start-seed0" / "train_metrics.json").read_text()),
+                        2, "sft", None)["compute"]
+    beta = report["final"]["sft_grpo_guided"]["kept"]["2x"]["beta"]
+    for budget, own in (("2", 1), ("6", 5)):  # each budget step: both stages' compute
+        second = run_compute(json.loads((folder / "train_metrics.json").read_text()), own, "grpo", beta)["compute"]
+        assert first > 0 and run["steps"][budget]["compute_k"] == pytest.approx((first + second) / 1000)
+    sweep = report["sweep"]["sft_grpo_guided"]["points"][0]["seeds"]["100"]
+    assert set(sweep) >= {"1x", "2x"} and sweep["1x"]["first_stage_seconds"] > 0
+    assert report["plan"]["sft_cold_start"]["cases"] == 2 and "SFT then guided GRPO" in (out / "study.md").read_text()
 
 
 def test_publish_puts_the_study_on_the_page(tmp_path):
