@@ -13,7 +13,7 @@ from cli.entry import ArgumentParser
 from cli.errors import read_json
 from cli.numbers import int_at_least, option, positive_float
 from study.estimate import STEPS_OF, check, estimate, estimate_text, resumed_phase
-from study.methods import NAMES
+from study.methods import NAMES, TWO_STAGE
 from study.pins import compare_runs
 from study.plots import plot_frontier
 from study.protocol import SEEDS, SWEEP_SEEDS, TUNED_METHODS
@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     guess = commands.add_parser("estimate", help="the protocol's runs and their time, estimated from a recorded "
                                 "study's timings (not this machine's)")
     guess.add_argument("recorded", help="a tuned study.json whose runs' times are the evidence (docs/study_tuned.json)")
-    guess.add_argument("--methods", nargs="+", choices=[m for m in NAMES if m in STEPS_OF], default=TUNED_METHODS,
+    firsts = {t["first"] for t in TWO_STAGE.values()}
+    guess.add_argument("--methods", nargs="+", choices=[m for m in STEPS_OF if m not in firsts], default=TUNED_METHODS,
                        help="the methods of the study estimated (default: the protocol's, as the Makefile runs them)")
     guess.add_argument("--sweep-seeds", type=option("seed"), nargs="+", default=SWEEP_SEEDS,
                        help=f"the seeds of every sweep point, as the study takes them (default: "
