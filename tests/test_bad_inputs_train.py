@@ -260,8 +260,11 @@ def test_every_recipe_parses_and_passes_the_checks(recipe, monkeypatch, tmp_path
     from train.common import SpyTuneArguments, check_run, parse_recipe
     from train.grpo import check_grpo
 
-    config = {"sft": SFTConfig, "backbone": SFTConfig, "dpo": VisionDPOConfig, "nca": VisionDPOConfig,
-              "nca_p": NCAPConfig, "grpo": VisionGRPOConfig, "grpo_guided": VisionGRPOConfig}[recipe.stem]
+    from study.methods import script
+
+    kind = "sft" if recipe.stem == "backbone" else script(recipe.stem)  # the study's recipes are named by method
+    config = {"sft": SFTConfig, "dpo": VisionDPOConfig, "nca": VisionDPOConfig, "nca_p": NCAPConfig,
+              "grpo": VisionGRPOConfig}[kind]
     monkeypatch.chdir(tmp_path)
     model = yaml.safe_load(recipe.read_text())["model_name_or_path"]
     if model.startswith("outputs/"):  # a previous stage's output (the study's backbone): a model folder by then

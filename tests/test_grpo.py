@@ -627,14 +627,16 @@ def test_two_processes_train_like_one(tiny_model_dir, grpo_data, tmp_path):
 
 def test_grpo_is_an_opt_in_method_of_the_tuned_study(tmp_path):
     """`--methods ... grpo`: its learning rate, then its KL beta, swept around recipes/study/grpo.yaml's; the default
-    method list (and a study folder made before) stays the four offline methods; GRPO is paired with NCA-P and DPO."""
+    method list leaves plain GRPO (and NCA) out (issue 53: 0 of 10 seeds twice); GRPO is paired with NCA-P and DPO."""
     from study.__main__ import parse
+    from study.protocol import TUNED_METHODS
     from study.results import PAIRS
     from study.selection import sweep_points
 
     args, _ = parse(["--protocol", "tuned", "--methods", "nca_p", "grpo", "--out", str(tmp_path / "s")])
     assert args.methods == ["nca_p", "grpo"]
-    assert parse(["--protocol", "tuned", "--out", str(tmp_path / "s")])[0].methods == ["sft", "dpo", "nca", "nca_p"]
+    default = parse(["--protocol", "tuned", "--out", str(tmp_path / "s")])[0].methods
+    assert default == TUNED_METHODS and "grpo" not in default and "nca" not in default
     lr = [p["learning_rate"] for p in sweep_points("grpo", [1 / 3, 1, 3])]
     assert lr == pytest.approx([3e-4, 1e-4, 9e-4])
     betas = [p["beta"] for p in sweep_points("grpo", [1 / 3, 1, 3], best_lr=3e-4)]
@@ -644,9 +646,7 @@ def test_grpo_is_an_opt_in_method_of_the_tuned_study(tmp_path):
 
 def test_grpo_prompts_carry_what_the_rewards_need(grpo_data):
     """Every SFT case as a prompt with SPY's expected verdict and its reference answer; `general_fraction` of the
-    rows from the general task (exact-match answers); the general file is refused for the offline methods."""
-    from cli.errors import InputError
-
+    rows from the general task (exact-match answers)."""
     spy_only = build_dataset("grpo", grpo_data / "train_data.json", grpo_data, add_distractors=False, shuffle=False)
     sft = build_dataset("sft", grpo_data / "train_data.json", grpo_data, add_distractors=False, shuffle=False)
     assert len(spy_only) == len(sft)
@@ -659,8 +659,6 @@ def test_grpo_prompts_carry_what_the_rewards_need(grpo_data):
                           general_path=grpo_data / "general_train.json", general_fraction=0.25)
     general = [r for r in mixed if r["task"] == "general"]
     assert len(general) == round(len(spy_only) / 3) and all(r["expected_verdict"] == "respond" for r in general)
-    with pytest.raises(InputError, match="only SFT and GRPO"):
-        build_dataset("dpo", grpo_data / "train_data.json", grpo_data, general_path=grpo_data / "general_train.json")
 
 
 # ---- dynamic sampling (DAPO: losses/dynamic_sampling.py, VisionGRPOTrainer._dynamically_sampled) --------------------

@@ -826,7 +826,9 @@ def test_the_two_stage_method_end_to_end(tmp_path):
     the runs that start from it; a run's checkpoints at its own steps reported at the budget steps, with both stages'
     compute and time; its curve from the offset on."""
     out = tmp_path / "two"
-    result = forked_python.run([sys.executable, "-m", "study", "--out", str(out), *TWO_STAGE_SHORT, *TRAIN_ARGS],
+    # a GRPO step takes whole groups: four samples, guided GRPO's num_generations
+    train_args = [*TRAIN_ARGS[:-1], "4"]
+    result = forked_python.run([sys.executable, "-m", "study", "--out", str(out), *TWO_STAGE_SHORT, *train_args],
                                cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "study.json").read_text())
@@ -850,7 +852,7 @@ def test_the_two_stage_method_end_to_end(tmp_path):
         assert first > 0 and run["steps"][budget]["compute_k"] == pytest.approx((first + second) / 1000)
     sweep = report["sweep"]["sft_grpo_guided"]["points"][0]["seeds"]["100"]
     assert set(sweep) >= {"1x", "2x"} and sweep["1x"]["first_stage_seconds"] > 0
-    assert report["plan"]["sft_cold_start"]["cases"] == 2 and "SFT then guided GRPO" in (out / "study.md").read_text()
+    assert report["plan"]["sft_cold_start"]["cases"] == 4 and "SFT then guided GRPO" in (out / "study.md").read_text()
 
 
 def test_publish_puts_the_study_on_the_page(tmp_path):
