@@ -44,10 +44,10 @@ class Rule:
     def problem(self, value) -> str | None:
         """Why `value` (already a number) is out of range, or None."""
         if not finite(value):
-            return f"must be a finite number, got {value}"
+            return f"must be a finite number, got {shown(value)}"
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)) \
                 or self.high is not None and (value > self.high or (self.high_open and value == self.high)):
-            return f"must be {self.describe()}, got {value}"
+            return f"must be {self.describe()}, got {shown(value)}"
         return None
 
     def parse(self, text: str):
@@ -61,6 +61,14 @@ class Rule:
             return float(text)
         except ValueError:
             raise ValueError(f"expected a number, got {text!r}") from None
+
+
+def shown(value) -> str:
+    """A number as an error shows it: an integer of more than 30 digits by its size (str() of one past Python's
+    digit limit raises ValueError, whatever spelling it was read from)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 100:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1:,} digits"
+    return str(value)
 
 
 def finite(value) -> bool:

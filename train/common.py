@@ -86,12 +86,7 @@ def parse_recipe(*dataclass_types):
         env = config.pop("env", None) or {}
         if not isinstance(env, dict):
             raise InputError(argv[0], None, "env", "expected a mapping of variable: value")
-        from cli.secrets import SECRET_NAME
-
-        for name in env:
-            if SECRET_NAME.search(str(name)):
-                raise InputError(argv[0], env.key_lines.get(name), f"env.{name}", "a key is never read from a file; "
-                                 f"set {name} in the environment instead")
+        _check_env(argv[0], env)
         parser.set_defaults_with_config(**config)
         argv = argv[1:]
     from cli import secrets
@@ -125,6 +120,28 @@ def parse_recipe(*dataclass_types):
         name = _named_option(message, vars(values), argv, config)
         raise InputError(_source(name), None, name, message) from None
     return parsed
+
+
+def _check_env(recipe, env: dict) -> None:
+    """The recipe's `env:` entries, before one is set: a name is a variable's name (letters, digits, _; not YAML's
+    `ON` / `yes`, which it reads as true, nor empty, nor holding `=`), not a key's (a key is never read from a
+    file), and a value is text or a number with no NUL (os.environ refuses one with a ValueError)."""
+    from cli.secrets import IDENTIFIER, SECRET_NAME
+
+    for name, value in env.items():
+        line = env.key_lines.get(name) if hasattr(env, "key_lines") else None
+        if not isinstance(name, str) or not IDENTIFIER.fullmatch(name):
+            hint = " (YAML reads ON, yes, no and similar as true or false: quote the name)" \
+                if isinstance(name, bool) else ""
+            raise InputError(recipe, line, "env", f"{name!r} is not an environment variable's name (letters, digits "
+                             f"and _, not starting with a digit){hint}")
+        if SECRET_NAME.search(name):
+            raise InputError(recipe, line, f"env.{name}", "a key is never read from a file; "
+                             f"set {name} in the environment instead")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise InputError(recipe, line, f"env.{name}", "expected text or a number (quote true / false)")
+        if "\0" in str(value):
+            raise InputError(recipe, line, f"env.{name}", "holds a NUL character; refused (no variable can hold one)")
 
 
 def _fail(name: str, message: str):

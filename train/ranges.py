@@ -24,7 +24,7 @@ import typing
 from dataclasses import dataclass
 
 from cli import numbers
-from cli.numbers import FRACTION, NON_NEGATIVE, POSITIVE, Rule, real, whole
+from cli.numbers import FRACTION, NON_NEGATIVE, POSITIVE, Rule, real, shown, whole
 
 LARGEST = 2**31 - 1  # a C int: what every count, size, step and seed fits in
 SEED = whole(0, 2**32 - 1)  # numpy's seeds end there
@@ -138,9 +138,9 @@ def number_problem(value, rule: Rule, capped: bool = True) -> str | None:
     if problem:
         return problem
     if capped and rule.high is None and value > LARGEST:
-        return f"must be at most {LARGEST}, got {value}"
+        return f"must be at most {LARGEST}, got {shown(value)}"
     if capped and rule.low is None and value < -LARGEST:
-        return f"must be at least {-LARGEST}, got {value}"
+        return f"must be at least {-LARGEST}, got {shown(value)}"
     return None
 
 

@@ -1,0 +1,145 @@
+"""Issue 54, secure by construction on the training side: the reader judges values (an integer's magnitude
+whatever its spelling, the recipe's `env:` entries, NUL in any config text), credentials refused by field name in
+every mapping a user writes, the one-line error through the documented `accelerate launch`, every setting checked
+before the model loads, and the writer's rules for every file a run writes, the libraries' saves included.
+
+Each case is one of the issue's examples; the subprocess cases check the exit status, the one line, that nothing
+changed and that no secret was printed (tests/hardening_checks.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from hardening_checks import assert_no_canary, assert_one_line, assert_unchanged, run_module, snapshot
+from PIL import Image
+
+from cli.errors import InputError
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _recipe(tmp_path, text, *extra, monkeypatch):
+    """`sft.py RECIPE extra...` parsed in this process (what every entry script does first)."""
+    from trl import ModelConfig, SFTConfig
+
+    from train.common import SpyTuneArguments, parse_recipe
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text)
+    required = ["--train_data_path", str(tmp_path / "d.json"), "--image_folder", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", ["sft.py", str(recipe), *required, *extra])
+    return recipe, lambda: parse_recipe(SpyTuneArguments, SFTConfig, ModelConfig)
+
+
+@pytest.fixture
+def suite_dir(tmp_path):
+    Image.new("RGB", (8, 8), "red").save(tmp_path / "img.png")
+    (tmp_path / "q.json").write_text('{"benchmark_list": []}')
+    return tmp_path
+
+
+SPY = "sections:\n  spy: {items: q.json, images: .}\n"
+
+
+def _suite(folder, text, *extra):
+    config = folder / "suite.yaml"
+    config.write_text("name: t\nbackend: openai\n" + text)
+    before = snapshot(folder)
+    proc = run_module("eval", "suite", "--config", config, "--model", "m", "--out", folder / "out", "--root", folder,
+                      *extra, cwd=folder, timeout=120)
+    return proc, before
+
+
+# ----------------------------------------------------------------------------------------------- 1 the reader judges values
+
+@pytest.mark.parametrize("spelling", ["0x" + "f" * 4298, "1" + ":59" * 2500, "0b" + "1" * 4298 * 4,
+                                      "1" + "_0" * 4299, "-0x" + "f" * 4000])
+def test_an_integer_is_judged_by_its_magnitude_whatever_its_spelling(spelling, tmp_path, monkeypatch):
+    # the issue's case: 0x + 4,298 f's passed the 4,300-character check and has 5,175 decimal digits; printing it
+    # in the range error raised Python's digit-limit ValueError
+    recipe, parse = _recipe(tmp_path, f"max_steps: {spelling}\n", monkeypatch=monkeypatch)
+    with pytest.raises(InputError, match=rf"^{recipe}:1: an integer of more than 4,300 digits; refused"):
+        parse()
+
+
+def test_a_large_integer_within_the_limit_is_shown_by_its_size(tmp_path, monkeypatch):
+    recipe, parse = _recipe(tmp_path, f"max_steps: 0x{'f' * 1000}\n", monkeypatch=monkeypatch)
+    with pytest.raises(InputError, match=r"max_steps: must be a finite number, got an integer of about 1,205 digits"):
+        parse()
+
+
+@pytest.mark.parametrize("entry,field,message", [
+    ("ON: x", "env", "True is not an environment variable's name.*quote the name"),
+    ("'': x", "env", "'' is not an environment variable's name"),
+    ("'A=B': x", "env", "'A=B' is not an environment variable's name"),
+    ("1ABC: x", "env", "'1ABC' is not"),
+    ('NAME: "a\\0b"', "env.NAME", "holds a NUL character"),
+    ("NAME: [a]", "env.NAME", "expected text or a number"),
+    ("NAME: true", "env.NAME", "expected text or a number"),
+])
+def test_recipe_env_entries_are_validated(entry, field, message, tmp_path, monkeypatch):
+    recipe, parse = _recipe(tmp_path, f"max_steps: 1\nenv:\n  {entry}\n", monkeypatch=monkeypatch)
+    with pytest.raises(InputError, match=rf"^{recipe}:3: {field}: .*{message}"):
+        parse()
+
+
+def test_recipe_env_entries_that_are_fine_are_set(tmp_path, monkeypatch):
+    monkeypatch.delenv("I54_THREADS", raising=False)
+    _, parse = _recipe(tmp_path, "max_steps: 1\nenv:\n  I54_THREADS: 2\n", "--use_cpu", "true",
+                        monkeypatch=monkeypatch)
+    parse()
+    import os
+
+    assert os.environ.pop("I54_THREADS") == "2"
+
+
+@pytest.mark.parametrize("text,field", [
+    ('output_dir: "out\\0/x"\n', "output_dir"),
+    ('train_data_path: "a\\0.json"\n', "train_data_path"),
+    ('run_name: "r\\0"\n', "run_name"),
+])
+def test_nul_in_a_recipe_string_is_refused(text, field, tmp_path, monkeypatch):
+    recipe, parse = _recipe(tmp_path, text, monkeypatch=monkeypatch)
+    with pytest.raises(InputError, match=rf"^{recipe}:1: {field}: holds a NUL character"):
+        parse()
+
+
+def test_nul_in_a_suite_string_is_refused(suite_dir):
+    proc, before = _suite(suite_dir, 'wandb_project: "p\\0q"\n' + SPY)
+    assert_one_line(proc, "suite.yaml:3: wandb_project: holds a NUL character")
+    assert_unchanged(before, suite_dir)
+
+
+# ----------------------------------------------------------------------------------------------- 3 credentials by field name
+
+@pytest.mark.parametrize("text,field", [
+    ("backend_options:\n  extra_body: {access_token: TOKENVALUE123}\n", "backend_options.extra_body.access_token"),
+    ("backend_options:\n  extra_headers: {Authorization: 'Bearer TOKENVALUE123'}\n",
+     "backend_options.extra_headers.Authorization"),
+    ("backend_options:\n  extra_body: {client_secret: TOKENVALUE123}\n", "backend_options.extra_body.client_secret"),
+    ("backend_options:\n  extra_headers: {X-Api-Key: TOKENVALUE123}\n", "backend_options.extra_headers.X-Api-Key"),
+])
+def test_a_credential_field_in_a_suite_mapping_is_refused_before_anything_is_written(text, field, suite_dir):
+    proc, before = _suite(suite_dir, text + SPY)
+    line = assert_one_line(proc, f"{field}: a key is never read from a file")
+    assert "TOKENVALUE123" not in proc.stderr + proc.stdout and "TOKENVALUE123" not in line
+    assert_unchanged(before, suite_dir)
+    assert not (suite_dir / "out").exists()  # suite_settings.json is not written
+
+
+def test_a_credential_field_given_through_set_is_refused(suite_dir):
+    proc, before = _suite(suite_dir, SPY, "--set", "backend_options.extra_body.access_token=TOKENVALUE123")
+    assert_one_line(proc, "backend_options.extra_body.access_token: a key is never read from a file")
+    assert "TOKENVALUE123" not in proc.stderr + proc.stdout
+    assert not (suite_dir / "out").exists()
+    assert_no_canary(suite_dir, proc.stdout, proc.stderr)
+
+
+def test_vocabulary_tokens_and_key_sources_are_not_credentials():
+    from cli.secrets import is_credential_field
+
+    assert not any(map(is_credential_field, ["pad_token", "eos_token", "api_key_env", "max_tokens", "max_new_tokens",
+                                             "judge_api_key_env", "tokenizer", "keys"]))
+    assert all(map(is_credential_field, ["access_token", "Authorization", "Proxy-Authorization", "X-Api-Key",
+                                         "client_secret", "cookie", "hub_token", "password"]))
