@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from hardening_checks import assert_no_canary, assert_one_line, assert_unchanged, run_module, snapshot
+from hardening_checks import CANARY, ROOT, assert_no_canary, assert_one_line, assert_unchanged, run_module, snapshot
 from PIL import Image
 
 from cli.errors import InputError
@@ -143,3 +143,50 @@ def test_vocabulary_tokens_and_key_sources_are_not_credentials():
                                              "judge_api_key_env", "tokenizer", "keys"]))
     assert all(map(is_credential_field, ["access_token", "Authorization", "Proxy-Authorization", "X-Api-Key",
                                          "client_secret", "cookie", "hub_token", "password"]))
+
+
+# ----------------------------------------------------------------------------------------------- 2 the launcher's ending
+
+def _launched(tmp_path, launcher, *args):
+    import os
+    import subprocess
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text((ROOT / "recipes" / "demo" / "sft.yaml").read_text())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_API_KEY": CANARY}
+    before = snapshot(tmp_path)
+    proc = subprocess.run([*launcher, "--config_file", str(ROOT / "accelerate_configs" / "cpu.yaml"),
+                           str(ROOT / "train" / "sft.py"), str(recipe), *args],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert_unchanged(before, tmp_path)
+    return proc
+
+
+def test_the_documented_launch_command_ends_in_our_one_line_without_the_key(tmp_path):
+    # the case: through `accelerate launch` the refusal was followed by CalledProcessError's traceback,
+    # which prints the child's argv, key included. The documented command (launch/run.py, accelerate's own
+    # launcher) adds nothing to the child's line and exits with its status.
+    proc = _launched(tmp_path, [sys.executable, str(ROOT / "launch" / "run.py")], "--run_name", f"run-{CANARY}")
+    line = assert_one_line(proc, "error: command line: --run_name: holds the value of WANDB_API_KEY (not shown)")
+    assert CANARY not in proc.stdout + proc.stderr and line.startswith("error: ")
+
+
+def test_plain_accelerate_launch_prints_the_argv_which_is_why_it_is_not_the_documented_command(tmp_path):
+    proc = _launched(tmp_path, [sys.executable, "-m", "accelerate.commands.launch"], "--run_name", f"run-{CANARY}")
+    assert proc.returncode == 1 and "CalledProcessError" in proc.stderr and CANARY in proc.stderr  # outside: docs
+
+
+def test_the_launcher_takes_the_status_of_torch_s_failed_child():
+    import subprocess
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    sys.path.insert(0, str(ROOT / "launch"))
+    try:
+        from run import child_status
+    finally:
+        sys.path.remove(str(ROOT / "launch"))
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file="/nonexistent")
+    assert child_status(ChildFailedError("train/sft.py", {0: failure})) == 2
+    assert child_status(subprocess.CalledProcessError(130, ["x"])) == 130
+    assert child_status(ValueError("accelerate's own")) is None
