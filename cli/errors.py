@@ -350,6 +350,9 @@ def _shown(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+MAX_ASPECT_RATIO = 200  # the Qwen-VL processors' smart_resize refuses a longer side over 200 times the shorter
+
+
 def check_image(path, where=None, field=None, source=None) -> None:
     """Decode an image file fully (opening reads only the header), so a file that is not an image, or is
     truncated, is bad input here rather than a failure later. Errors name `source` (the file that refers to
@@ -364,6 +367,10 @@ def check_image(path, where=None, field=None, source=None) -> None:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as image:
                 image.load()
+                width, height = image.size
+        if max(width, height) > MAX_ASPECT_RATIO * max(min(width, height), 1):
+            raise InputError(path, None, None, f"{width}x{height} pixels: an aspect ratio over {MAX_ASPECT_RATIO}:1, "
+                             "which the Qwen-VL processors refuse mid-run; refused (crop or pad it)")
     except FileNotFoundError:
         problem = "image not found"
     except InputError as err:

@@ -190,3 +190,180 @@ def test_the_launcher_takes_the_status_of_torch_s_failed_child():
     assert child_status(ChildFailedError("train/sft.py", {0: failure})) == 2
     assert child_status(subprocess.CalledProcessError(130, ["x"])) == 130
     assert child_status(ValueError("accelerate's own")) is None
+
+
+# ----------------------------------------------------------------------------------------------- 4 every setting before the model loads
+
+@pytest.mark.parametrize("args,field,message", [
+    (["--report_to", "bogus"], "report_to", "unknown integration 'bogus'"),
+    (["--report_to", "tensorboard"], "report_to", "tensorboard is not installed"),
+    (["--attn_implementation", "bogus"], "attn_implementation", "bogus"),
+    (["--lr_scheduler_kwargs", '{"bogus": 1}'], "lr_scheduler_kwargs", "refuses them.*bogus"),
+], ids=["report_to-bogus", "report_to-tensorboard", "attn-bogus", "scheduler-kwargs"])
+def test_settings_are_checked_before_the_model_loads(args, field, message, tmp_path, synthetic_dir, tiny_model_dir):
+    import re
+
+    import forked_python
+    from test_bad_inputs_train import ENV, Case
+
+    pytest.importorskip("wandb")
+    case = Case(tmp_path, synthetic_dir, tiny_model_dir)
+    case.args = args
+    before = snapshot(tmp_path)
+    proc = forked_python.run(case.train_command(), capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
+    line = assert_one_line(proc, f": {field}: ")
+    assert re.search(message, line), line
+    assert_unchanged(before, tmp_path)
+    assert not case.out.exists()
+
+
+@pytest.mark.parametrize("text,message", [
+    ("generation_kwargs: {max_new_tokens: -1}\n", r"generation_kwargs: max_new_tokens: must be in \[1, 2147483647\], got -1"),
+    ("generation_kwargs: {top_p: 5.0}\n", r"generation_kwargs: top_p: must be in \(0, 1\], got 5.0"),
+])
+def test_grpo_generation_kwargs_are_judged_by_the_number_table(text, message, tmp_path, monkeypatch):
+    from trl import ModelConfig
+
+    from losses.grpo_trainer import VisionGRPOConfig
+    from train.common import SpyTuneArguments, parse_recipe
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text)
+    monkeypatch.setattr(sys, "argv", ["grpo.py", str(recipe), "--train_data_path", "d.json", "--image_folder", "."])
+    with pytest.raises(InputError, match=rf"{recipe}: {message}"):
+        parse_recipe(SpyTuneArguments, VisionGRPOConfig, ModelConfig)
+
+
+@pytest.mark.parametrize("name,text", [("min_pixels", "100000000000000000000"),
+                                       ("max_new_tokens", "100000000000000000000"), ("min_pixels", "1e20")])
+def test_eval_pixel_and_token_options_have_an_upper_bound(name, text):
+    import argparse
+
+    from cli.numbers import option
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        option(name)(text)
+
+
+def test_the_eval_clis_use_the_table_for_pixels_and_tokens(tmp_path):
+    for args in (["--min-pixels", "100000000000000000000"], ["--max-new-tokens", "100000000000000000000"]):
+        proc = run_module("eval", "spy", "generate", *args, cwd=tmp_path)
+        assert_one_line(proc, args[0], "must be")
+
+
+def test_an_image_the_processor_would_refuse_is_refused_when_the_data_is_validated(tmp_path):
+    from cli.errors import check_image
+
+    Image.new("RGB", (6000, 28), "red").save(tmp_path / "wide.png")
+    with pytest.raises(InputError, match=r"6000x28 pixels: an aspect ratio over 200:1"):
+        check_image(tmp_path / "wide.png")
+    Image.new("RGB", (5000, 28), "red").save(tmp_path / "ok.png")
+    check_image(tmp_path / "ok.png")
+
+
+# ----------------------------------------------------------------------------------------------- 5 the writer for every file of a run
+
+def _run_folder(tmp_path, monkeypatch):
+    from store.runs import mark_folder
+
+    monkeypatch.setattr(sys, "argv", ["train/sft.py"])
+    out = tmp_path / "out"
+    out.mkdir()
+    mark_folder(out, "train/sft.py")
+    return out
+
+
+@pytest.mark.parametrize("where", ["config.json", "checkpoint-1", "checkpoint-1/model.safetensors"])
+def test_a_link_in_the_run_folder_is_refused_before_transformers_saves(where, tmp_path, monkeypatch):
+    from losses.checkpointing import guarded_save
+
+    out = _run_folder(tmp_path, monkeypatch)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (out / "checkpoint-1").mkdir(exist_ok=where != "checkpoint-1")
+    if where == "checkpoint-1":
+        (out / "checkpoint-1").rmdir()
+    (out / where).symlink_to(outside)
+    with pytest.raises(InputError, match=rf"^{out / where}: is a symbolic link in the run's output folder"):
+        with guarded_save(out):
+            raise AssertionError("the save ran")
+    assert not any(outside.iterdir())
+
+
+def test_a_folder_that_is_no_longer_the_run_s_is_not_saved_into(tmp_path, monkeypatch):
+    from losses.checkpointing import guarded_save
+    from store.runs import mark_folder
+
+    out = _run_folder(tmp_path, monkeypatch)
+    mark_folder(out, "train.demo")
+    with pytest.raises(InputError, match="is no longer this run's output folder"):
+        with guarded_save(out):
+            raise AssertionError("the save ran")
+
+
+def test_every_trainer_saves_through_the_guard():
+    from losses.checkpointing import HubFormatResumeMixin
+    from losses.grpo_trainer import VisionGRPOTrainer
+    from losses.vision_dpo_trainer import VisionDPOTrainer
+
+    for trainer in (VisionGRPOTrainer, VisionDPOTrainer):
+        assert trainer._save_checkpoint is HubFormatResumeMixin._save_checkpoint
+        assert trainer.save_model is HubFormatResumeMixin.save_model
+
+
+def test_a_user_folder_with_a_checkpoint_named_file_is_not_taken_over(tmp_path, synthetic_dir, tiny_model_dir):
+    # the issue's case: any entry named checkpoint-* skipped the "folder of your files" refusal
+    import forked_python
+    from test_bad_inputs_train import ENV, Case
+
+    case = Case(tmp_path, synthetic_dir, tiny_model_dir)
+    case.out.mkdir()
+    (case.out / "checkpoint-notes.txt").write_text("mine\n")
+    (case.out / "README.md").write_text("my readme\n")
+    before = snapshot(tmp_path)
+    proc = forked_python.run(case.train_command(), capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
+    assert_one_line(proc, "holds files not made by this command", "--output_dir")
+    assert_unchanged(before, tmp_path)
+
+
+def test_the_hub_upload_list_holds_regular_files_only(tmp_path):
+    from train.card import published_files
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.safetensors").write_bytes(b"w")
+    (tmp_path / "secret.txt").write_text("outside")
+    (tmp_path / "out" / "notes.txt").symlink_to(tmp_path / "secret.txt")
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "x.txt").write_text("outside")
+    (tmp_path / "out" / "sub").symlink_to(tmp_path / "linked")
+    assert sorted(published_files(tmp_path / "out")) == ["model.safetensors"]
+
+
+@pytest.mark.parametrize("code,cause", [(28, "no space left on the device"), (27, "file too large")])
+def test_a_fault_during_a_save_is_one_line(code, cause, tmp_path, monkeypatch, capsys):
+    from safetensors import SafetensorError
+
+    from cli.entry import run_main
+    from losses.checkpointing import guarded_save
+
+    out = _run_folder(tmp_path, monkeypatch)
+
+    def save():
+        with guarded_save(out):
+            raise SafetensorError(f'Error while serializing: IoError(Os {{ code: {code}, kind: StorageFull, '
+                                  'message: "..." }})')
+
+    assert run_main(save) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {out}: {cause}"), lines
+
+
+def test_an_input_that_vanished_mid_run_is_one_line(tmp_path, capsys):
+    from cli.entry import run_main
+
+    def read():
+        return open(tmp_path / "images" / "gone.png", "rb")
+
+    assert run_main(read) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "gone.png: no such file or directory" in lines[0], lines

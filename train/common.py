@@ -294,7 +294,59 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
             fail("categories", f"category file not found: {script_args.categories}")
         load_categories(script_args.categories)  # a bad file: InputError naming its line and field
     check_peft(model_args, training_args, fail)
+    check_settings(training_args, model_args, fail)
     _check_paths(script_args, training_args, model_args, fail)
+
+
+def check_settings(training_args, model_args, fail) -> None:
+    """The settings the number table cannot judge, each checked by building what uses it, before any weight is
+    read: the reporting integrations (known to transformers and installed), the learning-rate scheduler with its
+    kwargs (on a one-parameter optimizer), the attention implementation (on the model's skeleton, meta device)."""
+    import torch
+    from transformers import get_scheduler
+    from transformers.integrations import get_available_reporting_integrations
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    report_to = training_args.report_to
+    for name in ([report_to] if isinstance(report_to, str) else list(report_to or [])):
+        if name in ("all", "none"):
+            continue
+        if name not in INTEGRATION_TO_CALLBACK:
+            fail("report_to", f"unknown integration {name!r}{did_you_mean(name, INTEGRATION_TO_CALLBACK)}; "
+                              f"choose from {', '.join(sorted(INTEGRATION_TO_CALLBACK))}, all or none")
+        if name not in get_available_reporting_integrations():
+            fail("report_to", f"{name} is not installed in this environment; install it or choose another "
+                              f"(installed: {', '.join(get_available_reporting_integrations()) or 'none'})")
+    kwargs = training_args.lr_scheduler_kwargs or {}
+    try:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        get_scheduler(training_args.lr_scheduler_type, optimizer, num_warmup_steps=1, num_training_steps=2,
+                      scheduler_specific_kwargs=dict(kwargs))
+    except (TypeError, ValueError, KeyError) as err:
+        fail("lr_scheduler_kwargs" if kwargs else "lr_scheduler_type",
+             f"{training_args.lr_scheduler_type} refuses them: {' '.join(str(err).split())}")
+    if model_args.attn_implementation is not None:
+        _check_attention(model_args, training_args, fail)
+
+
+def _check_attention(model_args, training_args, fail) -> None:
+    """`attn_implementation` set on the model's skeleton (meta device: nothing read or allocated), as loading
+    sets it: an unknown or unavailable implementation is transformers' own one-line refusal."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    trust = training_args.trust_remote_code
+    try:
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
+                                            trust_remote_code=trust)
+    except (OSError, ValueError, KeyError):
+        return  # no such model: the path checks and the loader say so
+    try:
+        with torch.device("meta"):
+            AutoModelForImageTextToText.from_config(config, trust_remote_code=trust,
+                                                    attn_implementation=model_args.attn_implementation)
+    except (ValueError, ImportError) as err:
+        fail("attn_implementation", " ".join(str(err).split())[:400])
 
 
 def _default_lora_targets(model_args, model_type: str, fail) -> None:
@@ -337,11 +389,12 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
 
     check_base_data(script_args, model_args, fail)
     check_resume(script_args, training_args, model_args, resume_checkpoint(training_args), fail)
-    if not any(out.glob("checkpoint-*")):  # a run's checkpoints make it that run's folder (resumed, or copied)
-        from store.runs import claim_folder
+    from store.runs import claim_folder
 
-        # transformers writes README.md, config.json... there: a folder of the user's files is refused
-        claim_folder(out, training_command(), option="--output_dir", mark=False)
+    # transformers writes README.md, config.json... there: a folder of the user's files is refused. The run's own
+    # marker (written by train/card.attach, copied with the folder) makes it this script's folder, resumed or not;
+    # never a name pattern (a user's `checkpoint-notes.txt` made a folder of the user's files look like a run's)
+    claim_folder(out, training_command(), option="--output_dir", mark=False)
     # held until the process ends: one training run per folder. A folder whose parent is still missing is locked
     # once everything is checked (load_model_and_processor): nothing is created before then
     locks.acquire(out, "training output folder", create=False)
