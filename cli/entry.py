@@ -29,7 +29,10 @@ LOOP = "Symlink loop from "
 # What the machine, not the input, did to a write: one line each, never a traceback.
 OS_FAILURES = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
                errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
-               errno.EROFS: "read-only file system", errno.EIO: "input/output error"}
+               errno.EROFS: "read-only file system", errno.EIO: "input/output error",
+               errno.EFBIG: "file too large (a file-size limit)",
+               # a file the run read at its start is gone (an image folder removed mid-run)
+               errno.ENOENT: "no such file or directory (it was there when the run was checked: was it moved?)"}
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -142,7 +145,7 @@ def _run_main(main, *args, interrupted: str = RESUMES) -> int:
         if err.errno not in OS_FAILURES:
             raise
         where = f"{err.filename}: " if err.filename else ""
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             _silence_stdout()
         return _failed(f"error: {where}{OS_FAILURES[err.errno]}; what was finished is kept, and the same command "
                        "resumes once it can write", 1)

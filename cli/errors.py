@@ -127,7 +127,7 @@ def field_name(where) -> str | None:
     return text.lstrip(".") or None
 
 
-def check_data(value, finite: bool = True, strings: bool = True, line_of=None) -> None:
+def check_data(value, finite: bool = True, strings: bool = True, line_of=None, nul: bool = False) -> None:
     """Raise _Problem for the first value (in document order) that the reader refuses: nesting deeper than
     MAX_DEPTH, a float that is NaN or infinite (`finite`), a lone surrogate in a string or a key (`strings`: False
     when the text cannot hold one). `line_of(node, key)` gives the line of a mapping's key or a list's item where the
@@ -141,6 +141,9 @@ def check_data(value, finite: bool = True, strings: bool = True, line_of=None) -
             if strings and _LONE_SURROGATE.search(v):
                 raise _Problem(field_name(where), "holds a lone surrogate (a \\ud800-\\udfff escape that is no "
                                "character); refused: it has no UTF-8 form", "surrogate").at(line)
+            if nul and "\0" in v:  # a config's text reaches the OS (a path, a variable, an argument): none holds NUL
+                raise _Problem(field_name(where), "holds a NUL character (\\0); refused: no path, variable or "
+                               "argument can hold one", "nul").at(line)
         elif isinstance(v, float):
             if finite and not math.isfinite(v):
                 raise _Problem(field_name(where), f"must be a finite number, got {v}", "nonfinite").at(line)
@@ -149,6 +152,9 @@ def check_data(value, finite: bool = True, strings: bool = True, line_of=None) -
                 raise _Problem(None, f"nested too deeply (more than {MAX_DEPTH} levels)", "depth").at(line)
             items = list(v.items()) if isinstance(v, dict) else list(enumerate(v))
             for k, x in reversed(items):
+                if nul and isinstance(k, str) and "\0" in k:
+                    raise _Problem(field_name(where), "a key here holds a NUL character; refused",
+                                   "nul").at(line_of(v, k) if line_of else line)
                 if strings and isinstance(k, str) and _LONE_SURROGATE.search(k):
                     raise _Problem(field_name(where), "a key here holds a lone surrogate; refused: it has no "
                                    "UTF-8 form", "surrogate").at(line_of(v, k) if line_of else line)
@@ -337,9 +343,14 @@ def check_types(path, line, record: dict, types: dict, prefix: str = "") -> None
 def _shown(value) -> str:
     """The value as JSON, cut at 60 characters (an integer past a float's range by its digits)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**20:
-        return f"an integer of {len(str(abs(value)))} digits"
+        from cli.numbers import shown
+
+        return shown(value)
     text = json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+MAX_ASPECT_RATIO = 200  # the Qwen-VL processors' smart_resize refuses a longer side over 200 times the shorter
 
 
 def check_image(path, where=None, field=None, source=None) -> None:
@@ -356,6 +367,10 @@ def check_image(path, where=None, field=None, source=None) -> None:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as image:
                 image.load()
+                width, height = image.size
+        if max(width, height) > MAX_ASPECT_RATIO * max(min(width, height), 1):
+            raise InputError(path, None, None, f"{width}x{height} pixels: an aspect ratio over {MAX_ASPECT_RATIO}:1, "
+                             "which the Qwen-VL processors refuse mid-run; refused (crop or pad it)")
     except FileNotFoundError:
         problem = "image not found"
     except InputError as err:

@@ -44,10 +44,10 @@ class Rule:
     def problem(self, value) -> str | None:
         """Why `value` (already a number) is out of range, or None."""
         if not finite(value):
-            return f"must be a finite number, got {value}"
+            return f"must be a finite number, got {shown(value)}"
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)) \
                 or self.high is not None and (value > self.high or (self.high_open and value == self.high)):
-            return f"must be {self.describe()}, got {value}"
+            return f"must be {self.describe()}, got {shown(value)}"
         return None
 
     def parse(self, text: str):
@@ -61,6 +61,14 @@ class Rule:
             return float(text)
         except ValueError:
             raise ValueError(f"expected a number, got {text!r}") from None
+
+
+def shown(value) -> str:
+    """A number as an error shows it: an integer of more than 30 digits by its size (str() of one past Python's
+    digit limit raises ValueError, whatever spelling it was read from)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 100:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1:,} digits"
+    return str(value)
 
 
 def finite(value) -> bool:
@@ -90,7 +98,9 @@ RULES: dict[str, Rule] = {
     "timeout": POSITIVE, "backoff": NON_NEGATIVE, "max_backoff": NON_NEGATIVE, "temperature": real(0, 2),
     "concurrency": whole(1), "max_retries": whole(0), "retries": whole(0), "max_tokens": whole(1),
     "max_connection_failures": whole(1),
-    "max_new_tokens": whole(1), "min_delay_seconds": NON_NEGATIVE,
+    "max_new_tokens": whole(1, 2**31 - 1), "min_delay_seconds": NON_NEGATIVE,
+    # sampling (GRPO's generation_kwargs, the eval CLIs): what a sampler accepts
+    "top_p": real(0, 1, low_open=True), "top_k": whole(-1), "min_p": FRACTION, "repetition_penalty": POSITIVE,
     # how much and in what order
     "limit": whole(1), "seed": whole(0), "batch_size": whole(1), "eval_batch_size": whole(1),
     "eval_limit": whole(1), "review": whole(0), "variants": whole(1), "near_dup": real(0, 1, low_open=True),
@@ -99,7 +109,9 @@ RULES: dict[str, Rule] = {
     "sft_steps": whole(1), "nca_p_steps": whole(1), "steps": whole(1),
     "backbone_steps": whole(1),
     # models and images
-    "min_pixels": whole(1), "max_pixels": whole(1), "tensor_parallel_size": whole(1),
+    # pixels: at most 2^28 (16,384 x 16,384; Qwen2-VL's default max is 12,845,056): past it the processor's resize
+    # overflows (a RuntimeError) or asks for more memory than any machine has
+    "min_pixels": whole(1, 2**28), "max_pixels": whole(1, 2**28), "tensor_parallel_size": whole(1),
     "data_parallel_size": whole(1), "max_model_len": whole(1), "gpu_memory_utilization": real(0, 1, low_open=True),
     "image_size": whole(1), "width": whole(32), "height": whole(32), "hidden": whole(1), "layers": whole(1),
     "vision_depth": whole(1), "vision_embed": whole(1),

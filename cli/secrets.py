@@ -41,8 +41,8 @@ SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$", re
 # Options and fields that name the variable a key is read from (api_key_env, judge_api_key_env, geocoder_key_env).
 KEY_SOURCE = re.compile(r"key[_-]env$", re.IGNORECASE)
 # Fields that would hold a credential: a name ending in a credential word, or holding password / secret anywhere.
-CREDENTIAL_FIELD = re.compile(r"(^|[_-])(token|key|secret|password|passwd|pwd|credentials?|auth)$|password|passwd|"
-                              r"secret", re.IGNORECASE)
+CREDENTIAL_FIELD = re.compile(r"(^|[_-])(token|key|secret|password|passwd|pwd|credentials?|auth|authorization|cookie)$|"
+                              r"password|passwd|secret", re.IGNORECASE)
 # Config fields that would hold a key, and the variable to use instead.
 KEY_FIELDS = {"api_key": "the variable named by api_key_env (default OPENAI_API_KEY)",
               "hub_token": "HF_TOKEN", "token": "HF_TOKEN", "hf_token": "HF_TOKEN", "wandb_api_key": "WANDB_API_KEY",
@@ -313,9 +313,11 @@ def refuse_in_config(path, obj, field: str = "", line_of=None, recorded: bool = 
             for key, sub in value.items():
                 name = f"{where}.{key}" if where else str(key)
                 key_line = getattr(value, "key_lines", {}).get(key, line)
-                if str(key).lower() in KEY_FIELDS and sub not in (None, ""):
-                    raise InputError(path, key_line, name, "a key is never read from a file; set "
-                                     f"{KEY_FIELDS[str(key).lower()]} in the environment instead")
+                if is_credential_field(key) and sub not in (None, "", [], {}):  # the rule recipes' fields get
+                    variable = KEY_FIELDS.get(str(key).lower()) or (
+                        key if SECRET_NAME.search(str(key)) and IDENTIFIER.fullmatch(str(key)) else "its variable")
+                    raise InputError(path, key_line, name, "a key is never read from a file; "
+                                     f"set {variable} in the environment instead")
                 walk(sub, name, key_line)
         elif isinstance(value, list):
             for n, item in enumerate(value):

@@ -71,12 +71,21 @@ def _sequence(loader, node):
 
 
 def _integer(loader, node):
-    digits = sum(c.isalnum() for c in node.value)  # an integer Python would refuse to convert (a ValueError)
+    """An integer judged by its magnitude, whatever its spelling: decimal digits past Python's conversion limit
+    are refused before converting (int() would raise ValueError), and so is a hexadecimal, octal, binary or
+    sexagesimal spelling whose value has that many decimal digits (`0x` + 4,298 `f`s: converting it is allowed,
+    printing it in an error is not)."""
     limit = sys.get_int_max_str_digits() or 4300
-    if digits > limit:
-        raise InputError(loader.name, node.start_mark.line + 1, None,
+    refused = InputError(loader.name, node.start_mark.line + 1, None,
                          f"an integer of more than {limit:,} digits; refused (no number here needs that many)")
-    return loader.construct_yaml_int(node)
+    if sum(c.isalnum() for c in node.value) > 4 * limit:  # no spelling of a number within the limit is this long
+        raise refused
+    if node.value.lstrip("+-").replace("_", "").isdigit() and len(node.value) > limit:
+        raise refused  # decimal: past the limit, converting is what fails
+    value = loader.construct_yaml_int(node)
+    if abs(value) >= 10**limit:  # more decimal digits than str() will print
+        raise refused
+    return value
 
 
 _Loader.add_constructor("tag:yaml.org,2002:int", _integer)
@@ -130,7 +139,7 @@ def parse(text: str, path) -> object:
     finally:
         loader.dispose()
     try:  # the reader's refusals (cli.errors.check_data): depth, .nan / .inf, a lone surrogate ("\ud800")
-        check_data(value, line_of=line_of)
+        check_data(value, line_of=line_of, nul=True)
     except ValueError as problem:
         raise InputError(path, problem.line, problem.field, problem.message) from None
     return value

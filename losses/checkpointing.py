@@ -126,6 +126,14 @@ class HubFormatResumeMixin(FiniteTrainingMixin):
             for path in folder.glob("*.safetensors"):
                 os.chmod(path, new_file_mode())
 
+    def _save_checkpoint(self, model, trial):
+        with guarded_save(self.args.output_dir, self.args.should_save):
+            return super()._save_checkpoint(model, trial)
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        with guarded_save(output_dir or self.args.output_dir, self.args.should_save):
+            return super().save_model(output_dir, _internal_call)
+
     def _push_from_checkpoint(self, checkpoint_folder):
         with _recorded_arguments(self):  # it pickles the arguments into output_dir again
             return super()._push_from_checkpoint(checkpoint_folder)
@@ -143,3 +151,50 @@ def _recorded_arguments(trainer):
         yield
     finally:
         trainer.args = args
+
+
+def check_run_tree(output_dir) -> None:
+    """Before transformers writes into a run's output folder: nothing below it is a symbolic link (a link planted at
+    `config.json` or `checkpoint-1` would take the save, the whole checkpoint, wherever it points), and the folder is
+    still this run's: its marker names this training script (store.runs.MARKER), the rule every output folder
+    follows, never a name pattern. InputError, one line, naming the entry."""
+    import stat
+
+    from store.runs import MARKER, _marker
+    from train.common import training_command
+
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return
+    owner = _marker(folder).get("command")  # None: a trainer our entry scripts did not start (a library use)
+    if owner is not None and owner != training_command():
+        raise InputError(folder, None, None, f"is no longer this run's output folder (its {MARKER} names "
+                         f"{owner or 'no command'}); the save is refused so that no file of another is overwritten")
+    for parent, folders, names in os.walk(folder):  # followlinks=False: a link is seen, never entered
+        for name in [*folders, *names]:
+            path = Path(parent) / name
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                raise InputError(path, None, None, "is a symbolic link in the run's output folder; the save is "
+                                 "refused (it would write where the link points): remove it and resume")
+
+
+@contextmanager
+def guarded_save(output_dir, should_save: bool = True):
+    """Around each of transformers' saves (the Trainer's checkpoint, the final save_model): the folder is checked
+    first (check_run_tree); a fault while writing is one line naming the folder and the cause. safetensors reports
+    a full disk or a file-size limit as SafetensorError, which is no OSError: it becomes the OSError it wraps,
+    which cli/entry.py says in one line (no space left, file too large). A checkpoint cut short has no
+    trainer_state.json and is never resumed from (is_complete_checkpoint)."""
+    import errno
+    import re
+
+    from safetensors import SafetensorError
+
+    if should_save:
+        check_run_tree(output_dir)
+    try:
+        yield
+    except SafetensorError as err:
+        code = re.search(r"code: (\d+)", str(err))
+        number = int(code[1]) if code else errno.EIO
+        raise OSError(number, os.strerror(number), str(output_dir)) from None

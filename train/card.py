@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -426,7 +427,13 @@ def published_files(output_dir) -> dict[str, Path | bytes]:
     from huggingface_hub.utils._paths import DEFAULT_IGNORE_PATTERNS  # what upload_folder adds to its ignores
 
     folder = Path(output_dir).resolve()
-    files = {p.relative_to(folder).as_posix(): p for p in sorted(folder.glob("**/*")) if p.is_file()}
+    files = {}
+    for parent, _folders, names in os.walk(folder):  # a linked folder is not entered (followlinks=False)
+        for name in sorted(names):
+            path = Path(parent) / name
+            if stat.S_ISREG(os.lstat(path).st_mode):  # regular files only: a link would upload what it points to
+                files[path.relative_to(folder).as_posix()] = path
+    files = dict(sorted(files.items()))
     kept = filter_repo_objects(files, ignore_patterns=[*PUSH_IGNORED, *DEFAULT_IGNORE_PATTERNS])
     upload: dict[str, Path | bytes] = {name: files[name] for name in kept}
     if "adapter_config.json" in upload:

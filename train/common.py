@@ -86,12 +86,7 @@ def parse_recipe(*dataclass_types):
         env = config.pop("env", None) or {}
         if not isinstance(env, dict):
             raise InputError(argv[0], None, "env", "expected a mapping of variable: value")
-        from cli.secrets import SECRET_NAME
-
-        for name in env:
-            if SECRET_NAME.search(str(name)):
-                raise InputError(argv[0], env.key_lines.get(name), f"env.{name}", "a key is never read from a file; "
-                                 f"set {name} in the environment instead")
+        _check_env(argv[0], env)
         parser.set_defaults_with_config(**config)
         argv = argv[1:]
     from cli import secrets
@@ -125,6 +120,28 @@ def parse_recipe(*dataclass_types):
         name = _named_option(message, vars(values), argv, config)
         raise InputError(_source(name), None, name, message) from None
     return parsed
+
+
+def _check_env(recipe, env: dict) -> None:
+    """The recipe's `env:` entries, before one is set: a name is a variable's name (letters, digits, _; not YAML's
+    `ON` / `yes`, which it reads as true, nor empty, nor holding `=`), not a key's (a key is never read from a
+    file), and a value is text or a number with no NUL (os.environ refuses one with a ValueError)."""
+    from cli.secrets import IDENTIFIER, SECRET_NAME
+
+    for name, value in env.items():
+        line = env.key_lines.get(name) if hasattr(env, "key_lines") else None
+        if not isinstance(name, str) or not IDENTIFIER.fullmatch(name):
+            hint = " (YAML reads ON, yes, no and similar as true or false: quote the name)" \
+                if isinstance(name, bool) else ""
+            raise InputError(recipe, line, "env", f"{name!r} is not an environment variable's name (letters, digits "
+                             f"and _, not starting with a digit){hint}")
+        if SECRET_NAME.search(name):
+            raise InputError(recipe, line, f"env.{name}", "a key is never read from a file; "
+                             f"set {name} in the environment instead")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise InputError(recipe, line, f"env.{name}", "expected text or a number (quote true / false)")
+        if "\0" in str(value):
+            raise InputError(recipe, line, f"env.{name}", "holds a NUL character; refused (no variable can hold one)")
 
 
 def _fail(name: str, message: str):
@@ -277,7 +294,59 @@ def check_run(script_args: SpyTuneArguments, training_args, model_args) -> None:
             fail("categories", f"category file not found: {script_args.categories}")
         load_categories(script_args.categories)  # a bad file: InputError naming its line and field
     check_peft(model_args, training_args, fail)
+    check_settings(training_args, model_args, fail)
     _check_paths(script_args, training_args, model_args, fail)
+
+
+def check_settings(training_args, model_args, fail) -> None:
+    """The settings the number table cannot judge, each checked by building what uses it, before any weight is
+    read: the reporting integrations (known to transformers and installed), the learning-rate scheduler with its
+    kwargs (on a one-parameter optimizer), the attention implementation (on the model's skeleton, meta device)."""
+    import torch
+    from transformers import get_scheduler
+    from transformers.integrations import get_available_reporting_integrations
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    report_to = training_args.report_to
+    for name in ([report_to] if isinstance(report_to, str) else list(report_to or [])):
+        if name in ("all", "none"):
+            continue
+        if name not in INTEGRATION_TO_CALLBACK:
+            fail("report_to", f"unknown integration {name!r}{did_you_mean(name, INTEGRATION_TO_CALLBACK)}; "
+                              f"choose from {', '.join(sorted(INTEGRATION_TO_CALLBACK))}, all or none")
+        if name not in get_available_reporting_integrations():
+            fail("report_to", f"{name} is not installed in this environment; install it or choose another "
+                              f"(installed: {', '.join(get_available_reporting_integrations()) or 'none'})")
+    kwargs = training_args.lr_scheduler_kwargs or {}
+    try:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        get_scheduler(training_args.lr_scheduler_type, optimizer, num_warmup_steps=1, num_training_steps=2,
+                      scheduler_specific_kwargs=dict(kwargs))
+    except (TypeError, ValueError, KeyError) as err:
+        fail("lr_scheduler_kwargs" if kwargs else "lr_scheduler_type",
+             f"{training_args.lr_scheduler_type} refuses them: {' '.join(str(err).split())}")
+    if model_args.attn_implementation is not None:
+        _check_attention(model_args, training_args, fail)
+
+
+def _check_attention(model_args, training_args, fail) -> None:
+    """`attn_implementation` set on the model's skeleton (meta device: nothing read or allocated), as loading
+    sets it: an unknown or unavailable implementation is transformers' own one-line refusal."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    trust = training_args.trust_remote_code
+    try:
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
+                                            trust_remote_code=trust)
+    except (OSError, ValueError, KeyError):
+        return  # no such model: the path checks and the loader say so
+    try:
+        with torch.device("meta"):
+            AutoModelForImageTextToText.from_config(config, trust_remote_code=trust,
+                                                    attn_implementation=model_args.attn_implementation)
+    except (ValueError, ImportError) as err:
+        fail("attn_implementation", " ".join(str(err).split())[:400])
 
 
 def _default_lora_targets(model_args, model_type: str, fail) -> None:
@@ -320,11 +389,12 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
 
     check_base_data(script_args, model_args, fail)
     check_resume(script_args, training_args, model_args, resume_checkpoint(training_args), fail)
-    if not any(out.glob("checkpoint-*")):  # a run's checkpoints make it that run's folder (resumed, or copied)
-        from store.runs import claim_folder
+    from store.runs import claim_folder
 
-        # transformers writes README.md, config.json... there: a folder of the user's files is refused
-        claim_folder(out, training_command(), option="--output_dir", mark=False)
+    # transformers writes README.md, config.json... there: a folder of the user's files is refused. The run's own
+    # marker (written by train/card.attach, copied with the folder) makes it this script's folder, resumed or not;
+    # never a name pattern (a user's `checkpoint-notes.txt` made a folder of the user's files look like a run's)
+    claim_folder(out, training_command(), option="--output_dir", mark=False)
     # held until the process ends: one training run per folder. A folder whose parent is still missing is locked
     # once everything is checked (load_model_and_processor): nothing is created before then
     locks.acquire(out, "training output folder", create=False)

@@ -24,7 +24,7 @@ import typing
 from dataclasses import dataclass
 
 from cli import numbers
-from cli.numbers import FRACTION, NON_NEGATIVE, POSITIVE, Rule, real, whole
+from cli.numbers import FRACTION, NON_NEGATIVE, POSITIVE, Rule, real, shown, whole
 
 LARGEST = 2**31 - 1  # a C int: what every count, size, step and seed fits in
 SEED = whole(0, 2**32 - 1)  # numpy's seeds end there
@@ -39,7 +39,8 @@ GRPO_SETTINGS = ("dynamic_sampling_max_extra_rounds", "dynamic_sampling_min_spre
 # NCAPConfig and VisionGRPOConfig (transformers' TrainingArguments below them). A name means the same in every class.
 RANGES: dict[str, Rule] = {
     # the data (train/common.py SpyTuneArguments)
-    "num_train_samples": whole(1), "min_pixels": whole(1), "max_pixels": whole(1),
+    "num_train_samples": whole(1), "min_pixels": numbers.RULES["min_pixels"],
+    "max_pixels": numbers.RULES["max_pixels"],
     # LoRA (TRL's ModelConfig)
     "lora_r": whole(1), "lora_alpha": POSITIVE, "lora_dropout": BELOW_ONE,
     # transformers' TrainingArguments: batches, steps, the optimizer, logging, saving, processes
@@ -138,9 +139,9 @@ def number_problem(value, rule: Rule, capped: bool = True) -> str | None:
     if problem:
         return problem
     if capped and rule.high is None and value > LARGEST:
-        return f"must be at most {LARGEST}, got {value}"
+        return f"must be at most {LARGEST}, got {shown(value)}"
     if capped and rule.low is None and value < -LARGEST:
-        return f"must be at least {-LARGEST}, got {value}"
+        return f"must be at least {-LARGEST}, got {shown(value)}"
     return None
 
 
@@ -166,6 +167,17 @@ def check_values(values: dict, config_types, fail, nulls=()) -> None:
             problem = number_problem(item, spec.rule, spec.rule.whole or name in COUNTS or spec.rule is UNNAMED)
             if problem:
                 fail(name, problem)
+    for name in MAPPINGS_OF_NUMBERS:  # GRPO's generation_kwargs: the sampler's numbers, by the same table
+        mapping = values.get(name)
+        if isinstance(mapping, dict):
+            for key, value in mapping.items():
+                rule = numbers.RULES.get(str(key))
+                problem = rule and number_problem(value, rule)
+                if problem:
+                    fail(name, f"{key}: {problem}")
+
+
+MAPPINGS_OF_NUMBERS = ("generation_kwargs",)
 
 
 def check_batches(method: str, rows: int, args, fail) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from cli.entry import ArgumentParser
 from cli.errors import InputError
-from cli.numbers import int_at_least
+from cli.numbers import int_at_least, option
 from eval.general import mme, mmmu, ocrbench, results
 from store.runs import RunFile, check_outputs, claim_files, nonempty
 
@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--split", default="dev,validation",
                            help="comma-separated MMMU splits (default dev,validation, as VLMEvalKit's MMMU_DEV_VAL)")
         p.add_argument("--limit", type=int_at_least(1), help="only the first N samples (smoke tests)")
-        p.add_argument("--max-new-tokens", type=int_at_least(1), default=2048,
+        p.add_argument("--max-new-tokens", type=option("max_new_tokens"), default=2048,
                        help="default 2048, VLMEvalKit's for Qwen2-VL")
         p.add_argument("--batch-size", type=int_at_least(1), default=8, help="hf backend batch size")
         p.add_argument("--pixels", choices=["vlmevalkit", "model"], default="vlmevalkit",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from cli.entry import ArgumentParser
 from cli.errors import InputError, check_image, read_text
-from cli.numbers import int_at_least
+from cli.numbers import int_at_least, option
 from eval.geoprivacy import data
 from eval.geoprivacy.prompts import MAX_FOLLOWUPS, METHODS, PROMPT_FORMATS
 from store.runs import RunFile, check_outputs, claim_files, nonempty, warn_if_empty, warn_unequal_counts
@@ -315,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--metadata", default=str(data.DEFAULT_METADATA))
     g.add_argument("--ids-file", default=None, help="whitespace-separated ids to run (any id form)")
     g.add_argument("--limit", type=int_at_least(1), default=None)
-    g.add_argument("--max-new-tokens", type=int_at_least(1), default=512)
+    g.add_argument("--max-new-tokens", type=option("max_new_tokens"), default=512)
     g.add_argument("--batch-size", type=int_at_least(1), default=8, help="hf backend")
     g.add_argument("--tensor-parallel-size", type=int_at_least(1), default=1, help="vllm backend")
     g.add_argument("--data-parallel-size", type=int_at_least(1), default=1, help="vllm backend: engine replicas")

@@ -212,10 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="final-stage retries after a violation")
     p.add_argument("--box-scale", choices=BOX_SCALES, default="pixels",
                    help="coordinates the model is asked for: absolute pixels, or a 0-1000 grid (Qwen2-VL/Qwen3-VL style)")
-    p.add_argument("--max-new-tokens", type=int_at_least(1), default=512)
+    p.add_argument("--max-new-tokens", type=option("max_new_tokens"), default=512)
     p.add_argument("--batch-size", type=int_at_least(1), default=8, help="hf backend")
-    p.add_argument("--min-pixels", type=int_at_least(1), default=None)
-    p.add_argument("--max-pixels", type=int_at_least(1), default=None)
+    p.add_argument("--min-pixels", type=option("min_pixels"), default=None)
+    p.add_argument("--max-pixels", type=option("max_pixels"), default=None)
     p.add_argument("--tensor-parallel-size", type=int_at_least(1), default=1, help="vllm backend")
     p.add_argument("--data-parallel-size", type=int_at_least(1), default=1, help="vllm backend: engine replicas")
     p.add_argument("--max-model-len", type=int_at_least(1), default=8192, help="vllm backend")
