@@ -55,6 +55,8 @@ class SpyTuneArguments:
     base_with_other_data: bool = field(default=False, metadata={
         "help": "Train a model folder this project trained (its training_data.json) on other data than its own "
                 "(refused without it; train/resume.py)."})
+    overwrite_output_dir: bool = field(default=False, metadata={
+        "help": "Train into an output_dir that holds a finished run (refused without it; train/resume.py)."})
 
 
 def run(main) -> None:
@@ -316,9 +318,10 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
     if problem:
         fail("output_dir", f"{out} {problem}")
     from store import locks
-    from train.resume import check_base_data, check_resume
+    from train.resume import check_base_data, check_finished, check_resume
 
     check_base_data(script_args, model_args, fail)
+    check_finished(script_args, training_args, resume_checkpoint(training_args), fail)
     check_resume(script_args, training_args, model_args, resume_checkpoint(training_args), fail)
     if not any(out.glob("checkpoint-*")):  # a run's checkpoints make it that run's folder (resumed, or copied)
         from store.runs import claim_folder
