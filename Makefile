@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(OFFLINE) $(PY) -m train.demo --out $(OUT)
+	@echo "next: every command of README.md and docs/ runs as printed, e.g. .venv/bin/privacy-align train dpo recipes/demo/dpo.yaml" \
+	    "(or put the command on PATH in this shell: export PATH=\"$(abspath $(VENV))/bin:\$$PATH\", then privacy-align --help)"
 
 # The miniature alignment study (README): SFT, DPO, NCA, NCA-P from one helpful backbone, 3 seeds, about 20 min on CPU.
 study: OUT = outputs/study

@@ -28,8 +28,10 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print(f"usage: python -m eval {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        asked = bool(argv) and argv[0] in ("-h", "--help")  # asked for: on stdout; a wrong command: on stderr
+        print(f"usage: python -m eval {{{','.join(COMMANDS)}}} ...  (`python -m eval BENCHMARK --help` says more)",
+              file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
     def command():
         log.setup()  # inside the wrapper: a bad PRIVACY_ALIGN_VERBOSITY is one line
         return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])

@@ -24,7 +24,7 @@ import pytest  # noqa: E402
 ONE_WORKER = {"test_vllm", "test_grpo", "test_hardening_runtime", "test_viewer", "test_viewer_hardening",
               "test_docs_site", "test_docs"}
 # Modules that share a session fixture: one worker for all of them (`demo_outputs`: one `make demo` per session).
-SHARED = {"test_demo": "demo", "test_docs_run": "demo"}
+SHARED = {"test_demo": "demo", "test_docs_run": "demo", "test_privacy_eval": "demo"}
 
 
 def worker_group(nodeid: str) -> str | None:

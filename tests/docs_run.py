@@ -14,8 +14,11 @@ comment on the line before its fence (the site does not show it):
     (no marker)                            run as written
 
 A block runs after `make demo` in a folder of its own that looks like a fresh clone where `make demo` has run:
-links to this checkout's files, `outputs/demo` a copy of the session's demo (tests/conftest.py's `demo_outputs`),
-`python`, `accelerate` and `.venv/bin/python` the interpreter running the tests, the offline environment set.
+links to this checkout's files, `.venv` the environment running the tests, `outputs/demo` a copy of the session's
+demo (tests/conftest.py's `demo_outputs`), the offline environment set, and no virtual environment active (that
+environment's bin/ is not on PATH, as in a new shell): a command runs as `.venv/bin/privacy-align ...`,
+`.venv/bin/python ...` or `.venv/bin/accelerate ...` as printed; a bare `python` or `accelerate` fails as it does for
+a user (only the pages in VENV_PENDING still run it with the environment's).
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ MARKER_BEFORE = re.compile(MARKER.pattern + r"\s*\Z", re.S | re.M)  # the marker
 # what a command line of a block may hold for the harness to run it word by word (anything else runs in bash)
 SHELL_SYNTAX = re.compile(r"[$|;&<>*`(){}]")
 # the checkout's entries a block's folder does not link: what `make demo` and the blocks write, and caches
-NOT_LINKED = {".git", "outputs", "site", ".pytest_cache", "__pycache__", ".ruff_cache"}
+NOT_LINKED = {".git", "outputs", "site", ".pytest_cache", "__pycache__", ".ruff_cache", ".venv"}
+# Pages whose commands still start with a bare `python` (another issue rewrites them): run with the tests' interpreter
+VENV_PENDING = {"docs/study.md"}
+FORKED = {".venv/bin/python": [], ".venv/bin/privacy-align": ["-m", "cli.command"]}  # the same, preloaded
 
 
 @dataclass
@@ -119,6 +125,7 @@ def folder(target: Path, demo: Path | None) -> Path:
     for entry in ROOT.iterdir():
         if entry.name not in NOT_LINKED:
             (target / entry.name).symlink_to(entry)
+    (target / ".venv").symlink_to(Path(sys.executable).parent.parent)  # the tests' environment, as `.venv`
     if demo is not None:
         shutil.copytree(demo, target / "outputs" / "demo", symlinks=True)
     return target
@@ -134,11 +141,13 @@ def make(clone: Path, target: str, timeout: float = 1200) -> subprocess.Complete
                           env=environment(), capture_output=True, text=True, timeout=timeout)
 
 
-def environment() -> dict:
-    """The tests' environment (offline, tests/conftest.py) with the interpreter's folder first on PATH, as in an
-    activated venv: `python`, `accelerate` and the project's other commands are the ones the tests run."""
+def environment(activated: bool = False) -> dict:
+    """The tests' environment (offline, tests/conftest.py) as in a new shell: the interpreter's folder is not on PATH
+    and no virtual environment is active (`activated`: first on PATH, as in an activated one)."""
     bin_dir = os.path.dirname(sys.executable)
-    return {**os.environ, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and os.path.realpath(p) != os.path.realpath(bin_dir)]
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    return {**env, "PATH": os.pathsep.join([bin_dir, *path] if activated else path)}
 
 
 def run(block: Block, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -147,7 +156,8 @@ def run(block: Block, cwd: Path, timeout: float = 600) -> subprocess.CompletedPr
     (`set -euo pipefail`). Stops at the first failing command and returns its result."""
     import forked_python
 
-    env = environment()
+    pending = block.page in VENV_PENDING
+    env = environment(activated=pending)
     if block.language in ("python", "py"):
         script = cwd / "docs_block.py"
         script.write_text(block.code)
@@ -165,9 +175,9 @@ def run(block: Block, cwd: Path, timeout: float = 600) -> subprocess.CompletedPr
         while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):  # VAR=value before the command
             name, value = words.pop(0).split("=", 1)
             assigned[name] = value
-        if words[0] in ("python", "python3", ".venv/bin/python"):
-            result = forked_python.run([sys.executable, *words[1:]], cwd=cwd, env={**env, **assigned},
-                                       timeout=timeout)
+        if words[0] in FORKED or (pending and words[0] in ("python", "python3")):
+            result = forked_python.run([sys.executable, *FORKED.get(words[0], []), *words[1:]], cwd=cwd,
+                                       env={**env, **assigned}, timeout=timeout)
         else:
             result = subprocess.run(words, cwd=cwd, env={**env, **assigned}, capture_output=True, text=True,
                                     timeout=timeout)

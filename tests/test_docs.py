@@ -153,7 +153,20 @@ def page_commands(page: str) -> list[list[str]]:
 
 def resolve(words: list[str]) -> tuple[str, list[str]]:
     """(command as the CLI reference names it, its arguments) of a shell command line."""
-    if words[:2] == ["accelerate", "launch"]:
+    if words[0] == ".venv/bin/privacy-align":  # cli/command.py: the module or script each subcommand runs
+        from cli.command import DATA, MODULES, TRAIN
+
+        if words[1] == "train":
+            return f"train/{TRAIN[words[2]]}.py", words[3:]
+        if words[1] == "data":
+            module, args = DATA[words[2]], words[3:]
+        else:
+            module, first, _ = MODULES[words[1]]
+            args = [*first, *words[2:]]
+        if module == "eval":
+            return f"python -m eval {args[0]}", args[1:]
+        return f"python -m {module}", args
+    if words[:2] in (["accelerate", "launch"], [".venv/bin/python", "launch/run.py"]):  # launch/run.py: accelerate's
         config = words[words.index("--config_file") + 1]
         assert (ROOT / config).exists(), config
         words = words[next(i for i, w in enumerate(words) if w.endswith(".py")):]
@@ -207,15 +220,15 @@ def test_getting_started_runs_what_the_demo_test_runs(monkeypatch, tmp_path):
 
     # the suite and compare commands are the ones the demo runs (and logs) for each stage
     demo_source = (ROOT / "train" / "demo.py").read_text()
-    suite = next(w for w in commands if w[1:4] == ["-m", "eval", "suite"])
+    suite = next(w for w in commands if w[:3] == [".venv/bin/privacy-align", "eval", "suite"])
     from train.demo import suite_command
 
     defaults = argparse.Namespace(eval_batch_size=None, max_new_tokens=None, eval_limit=None)
     monkeypatch.chdir(ROOT)
-    assert suite[4:] == suite_command(Path("outputs/demo/nca_p"), Path("outputs/demo/suite/nca_p"),
+    assert suite[3:] == suite_command(Path("outputs/demo/nca_p"), Path("outputs/demo/suite/nca_p"),
                                       Path("outputs/demo"), defaults)  # what `make demo` prints and runs
-    compare = next(w for w in commands if w[1:4] == ["-m", "eval", "compare"])
-    assert compare[4:] == [*(f"outputs/demo/suite/{s}" for s in ("base", "sft", "nca_p")), "--out",
+    compare = next(w for w in commands if w[:3] == [".venv/bin/privacy-align", "eval", "compare"])
+    assert compare[3:] == [*(f"outputs/demo/suite/{s}" for s in ("base", "sft", "nca_p")), "--out",
                            "outputs/demo/leaderboard", "--images", "outputs/demo/synthetic-spy-tune",
                            "--spatialtrust-data", "outputs/demo/spatialtrust-synthetic/data.jsonl"]
     assert 'compare([out / "suite" / stage for stage in STAGES], out / "leaderboard"' in demo_source

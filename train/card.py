@@ -356,6 +356,9 @@ def attach(trainer, method: str, script_args, training_args, model_args) -> None
     from train.resume import RunSettings, run_settings
 
     trainer.add_callback(RunSettings(run_settings(script_args, training_args, model_args)))  # in every checkpoint
+    from train import privacy_eval
+
+    privacy_eval.attach(trainer, script_args, training_args)  # ICS / HMS while training, when the recipe asks
     from store.runs import mark_folder
     from train.common import training_command
 
@@ -378,7 +381,10 @@ def finish(trainer, method: str, script_args, training_args, model_args) -> None
     from store.runs import write_json
 
     write_json(Path(training_args.output_dir) / "train_metrics.json", trainer.state.log_history)
-    print(f"saved the {METHOD_NAMES[method]} model, its card and train_metrics.json to {training_args.output_dir} "
+    from train.privacy_eval import CURVES, plot_curves
+
+    plot_curves(trainer.state.log_history, Path(training_args.output_dir) / CURVES)
+    print(f"saved the {METHOD_NAMES[method]} model, its card, train_metrics.json and {CURVES} to {training_args.output_dir} "
           f"(main process of {trainer.accelerator.num_processes})", flush=True)
     if publish_wanted:
         publish(training_args.output_dir, training_args.hub_model_id, training_args.hub_private_repo)

@@ -55,6 +55,18 @@ class SpyTuneArguments:
     base_with_other_data: bool = field(default=False, metadata={
         "help": "Train a model folder this project trained (its training_data.json) on other data than its own "
                 "(refused without it; train/resume.py)."})
+    overwrite_output_dir: bool = field(default=False, metadata={
+        "help": "Train into an output_dir that holds a finished run (refused without it; train/resume.py)."})
+    eval_privacy_items: str | None = field(default=None, metadata={
+        "help": "Held-out SPY-Bench questions.json: ICS and HMS (rule judge) on its first eval_privacy_limit samples "
+                "every eval_steps (else logging_steps), logged as eval_privacy_ics / eval_privacy_hms "
+                "(train/privacy_eval.py); default: off."})
+    eval_privacy_images: str | None = field(default=None, metadata={
+        "help": "The images eval_privacy_items names (default: its folder)."})
+    eval_privacy_limit: int | None = field(default=40, metadata={
+        "help": "Samples of eval_privacy_items scored at each evaluation (null: all of them)."})
+    eval_privacy_max_new_tokens: int = field(default=24, metadata={
+        "help": "Answer length at each privacy evaluation (eval/suites/demo.yaml's)."})
 
 
 def run(main) -> None:
@@ -385,9 +397,10 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
     if problem:
         fail("output_dir", f"{out} {problem}")
     from store import locks
-    from train.resume import check_base_data, check_resume
+    from train.resume import check_base_data, check_finished, check_resume
 
     check_base_data(script_args, model_args, fail)
+    check_finished(script_args, training_args, resume_checkpoint(training_args), fail)
     check_resume(script_args, training_args, model_args, resume_checkpoint(training_args), fail)
     from store.runs import claim_folder
 

@@ -41,6 +41,7 @@ SETTINGS = {"without_distractors": False, "with_distractors": True}
 TABLE = {"ics": "ICS", "hms": "HMS", "rta_nonconflict": "RtA", "ata_nonconflict": "AtA", "ata_conflict": "AtA conflict"}
 OFFLINE_QIDS = ("q1", "q2", "q3")  # SpatialTrust's questions scored without an LLM judge
 SPATIAL_COLUMN = "SpatialTrust Q1-Q3"
+PRIVACY_SLICE = 40  # held-out SPY-Bench samples scored while each stage trains
 METHODS = {"sft": "sft", "dpo": "dpo", "nca": "dpo", "nca_p": "nca_p"}  # method -> training script (the studies)
 
 
@@ -79,15 +80,16 @@ def open_out(out: Path, kind: str, settings: dict) -> None:
 
 
 def train(script: str, model: Path, data: Path, out: Path, steps: int | None, log, extra: list[str],
-          recipe: Path | None = None) -> None:
+          recipe: Path | None = None, privacy: bool = False) -> None:
     """One stage through accelerate launch (`recipe`, default recipes/demo/<script>.yaml; its log is
     logs/<out's name>.log next to `out`); skipped when finished, resumed from its last checkpoint otherwise."""
-    finish(start(script, model, data, out, steps, log, extra, recipe), log)
+    finish(start(script, model, data, out, steps, log, extra, recipe, privacy), log)
 
 
 def start(script: str, model: Path, data: Path, out: Path, steps: int | None, log, extra: list[str],
-          recipe: Path | None = None) -> dict | None:
-    """Start `train`'s stage in the background; None when it is finished already. `finish` waits for it."""
+          recipe: Path | None = None, privacy: bool = False) -> dict | None:
+    """Start `train`'s stage in the background; None when it is finished already. `finish` waits for it. `privacy`:
+    ICS and HMS measured while it trains (the demo's stages; the studies' runs leave it off)."""
     recipe = recipe or ROOT / "recipes" / "demo" / f"{script}.yaml"
     if (out / "train_metrics.json").exists():
         log(f"{out.name}: reusing {out}")
@@ -98,6 +100,10 @@ def start(script: str, model: Path, data: Path, out: Path, steps: int | None, lo
         "--model_name_or_path", str(model), "--train_data_path", str(data / "train_data.json"),
         "--image_folder", str(data), "--output_dir", str(out), *extra,
     ]
+    if privacy:  # ICS / HMS while training, on the held-out bench (train/privacy_eval.py), at each save
+        command += ["--eval_privacy_items", str(data / "questions.json"), "--eval_privacy_limit", str(PRIVACY_SLICE),
+                    "--per_device_eval_batch_size", str(PRIVACY_SLICE),
+                    "--eval_steps", str(strict_yaml.load(recipe)["save_steps"])]
     if steps is None:  # the recipe's
         steps = strict_yaml.load(recipe)["max_steps"]
     else:
@@ -293,7 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     checkpoints = {"base": model_dir, "sft": out / "sft", "nca_p": out / "nca_p"}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    sft = start("sft", model_dir, data_dir, out / "sft", args.sft_steps, log, args.train_args)
+    sft = start("sft", model_dir, data_dir, out / "sft", args.sft_steps, log, args.train_args, privacy=True)
     try:  # while SFT starts: both stages' options checked here, before the evaluation writes anything
         check_stage_options(args.train_args)
     except InputError:
@@ -303,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
         raise
     results = {"base": evaluate("base", model_dir, out, args, log)}
     finish(sft, log)
-    nca_p = start("nca_p", out / "sft", data_dir, out / "nca_p", args.nca_p_steps, log, args.train_args)
+    nca_p = start("nca_p", out / "sft", data_dir, out / "nca_p", args.nca_p_steps, log, args.train_args, privacy=True)
     results["sft"] = evaluate("sft", checkpoints["sft"], out, args, log)
     finish(nca_p, log)
     torch.set_num_threads(threads)

@@ -42,6 +42,7 @@ KEPT = {"dataloader_drop_last"}  # under an ignored prefix, but it changes which
 DATA_FILES = ("train_data_path", "label_path", "categories", "general_data_path")
 STATE_KEY = "RunSettings"
 DATA_RECORD = "training_data.json"  # in every output folder: the digests of the data the model there is trained on
+FINISHED = "train_metrics.json"  # written by train/card.py when a run has trained to its end and saved its model
 
 
 def _as_dict(config) -> dict:
@@ -134,6 +135,16 @@ def check_resume(script_args, training_args, model_args, resume, fail) -> str | 
     fail(", ".join(name.split(" ")[0] for name in differ),
          f"{checkpoint} was trained with other settings ({'; '.join(changes)}); {consent}")
     return checkpoint
+
+
+def check_finished(script_args, training_args, resume, fail) -> None:
+    """A folder that holds a finished run is never trained over silently (a re-run recipe would replace the model
+    there): refused, naming the folder and the two ways on, unless `--overwrite_output_dir true` says it is meant
+    (a resume goes on from that run's checkpoint, as asked)."""
+    out = Path(training_args.output_dir)
+    if resume is None and not script_args.overwrite_output_dir and (out / FINISHED).is_file():
+        fail("output_dir", f"{out} holds a finished run ({FINISHED}); name another --output_dir, or pass "
+                           "--overwrite_output_dir true to train it again from the start")
 
 
 def data_record(settings: dict) -> dict:
