@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import os
 import re
 import runpy
 import sys
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,6 +106,23 @@ def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPa
             for name, sub in action.choices.items()}
 
 
+def _argparse_help(parser: argparse.ArgumentParser) -> bool:
+    """Whether format_help() is what `--help` prints: not for a formatter that edits the options as it formats them
+    (accelerate launch's hides options by the command line in sys.argv, and does it once)."""
+    return parser.formatter_class.add_argument is argparse.HelpFormatter.add_argument
+
+
+def _printed_help(how) -> str:
+    """What `--help` prints, the command run as `python ... --help`."""
+    out = io.StringIO()
+    with redirect_stdout(out):
+        try:
+            run_command(how, ["--help"])
+        except SystemExit:
+            pass
+    return out.getvalue()
+
+
 def help_texts() -> dict[str, str]:
     """Command as typed (e.g. `python -m eval spy generate`) -> its --help text, every step included."""
     if str(ROOT) not in sys.path:
@@ -113,7 +131,7 @@ def help_texts() -> dict[str, str]:
     with _width():
         for command, _, how in commands():
             parser = parser_of(how)
-            texts[command] = parser.format_help()
+            texts[command] = parser.format_help() if _argparse_help(parser) else _printed_help(how)
             for name, sub in subparsers(parser).items():
                 texts[f"{command} {name}"] = sub.format_help()
     return texts
