@@ -379,3 +379,23 @@ def guard_streams() -> None:
             stream = getattr(handler, "stream", None)
             if isinstance(handler, logging.StreamHandler) and id(stream) in wrapped:
                 handler.setStream(wrapped[id(stream)])
+
+
+def hook_console_capture() -> None:
+    """Import W&B's console capture ("wrap") with the scrubber outside it. wandb.sdk.lib.console_capture patches
+    the `write` of whatever sys.stdout / sys.stderr are when it is first imported, and hands its callbacks the text
+    given to that `write`: imported behind guard_streams, it patched the scrubbing stream and recorded the raw text
+    in W&B's output.log. Imported here, with the real streams in sys for that moment, it patches them, below the
+    scrubber, and records what the scrubber passed on. Already imported (before guard_streams), it sits below
+    the scrubber already. Call before anything imports wandb (train/common.check_settings, for a run reporting to
+    W&B)."""
+    import importlib.util
+
+    if "wandb.sdk.lib.console_capture" in sys.modules or importlib.util.find_spec("wandb") is None:
+        return
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (s.inner if isinstance(s, _Redacting) else s for s in saved)
+    try:
+        import wandb.sdk.lib.console_capture  # noqa: F401 - imported for its patch of the real streams
+    finally:
+        sys.stdout, sys.stderr = saved

@@ -367,3 +367,35 @@ def test_an_input_that_vanished_mid_run_is_one_line(tmp_path, capsys):
     assert run_main(read) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "gone.png: no such file or directory" in lines[0], lines
+
+
+# ----------------------------------------------------------------------------------------------- 6 W&B's console capture
+
+WANDB_CAPTURE = """
+import sys
+from cli.secrets import guard_streams, hook_console_capture
+guard_streams()
+if sys.argv[1] == "hooked":
+    hook_console_capture()
+from wandb.sdk.lib import console_capture
+got = []
+console_capture.capture_stdout(lambda data, n: got.append(data[:n]))
+print("the key is " + __import__("os").environ["MY_SERVICE_TOKEN"], flush=True)
+open("captured.txt", "w").write(repr(got))  # not through the scrubbing streams
+"""
+
+
+@pytest.mark.parametrize("hooked", [True, False], ids=["hooked", "unhooked"])
+def test_wandb_console_capture_receives_only_scrubbed_text(hooked, tmp_path):
+    import os
+    import subprocess
+
+    pytest.importorskip("wandb")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MY_SERVICE_TOKEN": CANARY}
+    proc = subprocess.run([sys.executable, "-c", WANDB_CAPTURE, "hooked" if hooked else "raw"], capture_output=True,
+                          text=True, env=env, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert CANARY not in proc.stdout and "<redacted MY_SERVICE_TOKEN>" in proc.stdout  # the terminal
+    # W&B's callback: scrubbed when the capture is hooked below the scrubber; the raw text otherwise (the issue's case)
+    captured = (tmp_path / "captured.txt").read_text()
+    assert (CANARY in captured) is (not hooked) and ("<redacted MY_SERVICE_TOKEN>" in captured) is hooked, captured

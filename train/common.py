@@ -320,7 +320,12 @@ def check_settings(training_args, model_args, fail) -> None:
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
     report_to = training_args.report_to
-    for name in ([report_to] if isinstance(report_to, str) else list(report_to or [])):
+    reporting = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    if "wandb" in reporting or "all" in reporting:
+        from cli.secrets import hook_console_capture
+
+        hook_console_capture()  # W&B's console log records the scrubbed text (before the Trainer imports wandb)
+    for name in reporting:
         if name in ("all", "none"):
             continue
         if name not in INTEGRATION_TO_CALLBACK:
