@@ -16,6 +16,7 @@
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from data_prep.spy_tune import build_dataset
 from losses.grpo_trainer import VisionGRPOConfig, VisionGRPOTrainer
 from losses.rewards import answer_match, completion_text, compliance, general_accuracy_score, helpfulness_score
+from store.runs import MARKER
 from train import grpo
 from train.rewards import JudgeSettings, VerdictJudge, make_reward_funcs
 from train.tiny_model import FAMILIES
@@ -571,6 +573,8 @@ def test_grpo_trains_from_sft_with_the_rule_judge_and_resumes(sft_checkpoint, gr
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     subprocess.run(["cp", "-r", str(tmp_path / "a" / "checkpoint-2"), str(resumed / "checkpoint-2")], check=True)
+    # a killed run's folder: its checkpoint and the marker the run wrote at its start (store/runs.py's claim_folder)
+    shutil.copy(tmp_path / "a" / MARKER, resumed / MARKER)
     again, _ = grpo_from(sft_checkpoint, grpo_data, resumed, "--resume_from_checkpoint", "true")
     late = {e["step"]: e for e in again if "loss" in e}
     for e in steps[2:]:
