@@ -761,7 +761,8 @@ def test_a_category_file_value_of_the_wrong_type_is_one_line(tmp_path, entry, ne
 # ----------------------------------------------------------------------------------------------- issue 32: outputs
 def test_a_training_folder_holding_a_users_readme_is_refused(tmp_path, synthetic_dir, tiny_model_dir, monkeypatch):
     """transformers writes README.md (the model card) into output_dir: a folder of the user's is refused before
-    anything loads; a folder with a run's checkpoints (resumed, or copied to resume) is the run's."""
+    anything loads, whatever its entries are named (a `checkpoint-*` name is no proof, issue 54); a folder whose
+    marker names this script (resumed, or copied to resume) is the run's."""
     from trl import ModelConfig, SFTConfig
 
     from train.common import SpyTuneArguments, check_run, parse_recipe
@@ -778,6 +779,11 @@ def test_a_training_folder_holding_a_users_readme_is_refused(tmp_path, synthetic
         check_run(*parse_recipe(SpyTuneArguments, SFTConfig, ModelConfig))
     assert_unchanged(before, tmp_path)
     (out / "checkpoint-2").mkdir()
+    with pytest.raises(InputError, match=r"mine: holds files not made by this command"):
+        check_run(*parse_recipe(SpyTuneArguments, SFTConfig, ModelConfig))
+    from store.runs import mark_folder
+
+    mark_folder(out, "train/sft.py")  # what train/card.attach writes when the run starts
     check_run(*parse_recipe(SpyTuneArguments, SFTConfig, ModelConfig))  # a run's folder: resumable
     locks.release(out.resolve())
 
