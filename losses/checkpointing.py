@@ -160,8 +160,7 @@ def check_run_tree(output_dir) -> None:
     follows, never a name pattern. InputError, one line, naming the entry."""
     import stat
 
-    from store.runs import MARKER, _marker
-    from train.common import training_command
+    from store.runs import MARKER, _marker, training_command
 
     folder = Path(output_dir)
     if not folder.is_dir():

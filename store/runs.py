@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -342,6 +343,11 @@ def claim_folder(folder, command: str, own: Iterable[str] = (), option: str = "-
                                  f"must be new, empty, or this command's own; choose another {option}")
     if mark:
         mark_folder(folder, command)
+
+
+def training_command() -> str:
+    """What a training run's output folder's marker names as its maker: the training script (train/X.py)."""
+    return f"train/{Path(sys.argv[0]).name}"
 
 
 def mark_folder(folder, command: str) -> None:

@@ -96,11 +96,11 @@ MAY_IMPORT = {
     "store": {"cli"},
     "vlm": {"cli"},
     "data_prep": {"cli", "store", "vlm"},
-    "losses": {"cli", "vlm", "data_prep"},
+    "losses": {"cli", "store", "vlm", "data_prep"},
     "eval": {"cli", "store", "vlm", "data_prep"},
     "train": {"cli", "store", "vlm", "data_prep", "losses", "eval"},
     "study": {"cli", "store", "vlm", "data_prep", "losses", "eval", "train"},
-    "launch": set(),
+    "launch": {"cli"},
 }
 
 

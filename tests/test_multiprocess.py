@@ -4,6 +4,7 @@ user launches 8 GPUs: 2 processes x per-device batch 2 train exactly like 1 proc
 off, packed (on 2 processes) against unpacked (on 1), full fine-tuning and LoRA, under DDP and DeepSpeed; the precomputed reference is computed once and written once; resume and saving
 behave as in one process."""
 
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import forked_python
 import pytest
 from safetensors.torch import load_file
 from test_train_methods import launch
+
+from store.runs import MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-4
@@ -118,6 +121,7 @@ def test_nca_p_two_processes_train_resume_and_save_like_one(tiny_model_dir, synt
     resumed = tmp_path / "resumed"
     (resumed / "checkpoint-2").parent.mkdir()
     subprocess.run(["cp", "-r", str(tmp_path / "a" / "checkpoint-2"), str(resumed / "checkpoint-2")], check=True)
+    shutil.copy(tmp_path / "a" / MARKER, resumed / MARKER)  # a killed run's folder: the marker its start wrote
     history = two_processes("nca_p", "nca_p", tiny_model_dir, synthetic_dir, resumed, *steps,
                             "--resume_from_checkpoint", "true")
     assert [e["step"] for e in history if "loss" in e] == [1, 2, 3, 4]

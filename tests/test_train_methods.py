@@ -18,6 +18,7 @@ import pytest
 from safetensors.torch import load_file
 
 from cli.errors import new_file_mode
+from store.runs import MARKER
 from train.common import METHOD_NAMES
 from train.tiny_model import FAMILIES
 
@@ -126,6 +127,7 @@ def test_resume_reaches_the_same_state(tiny_model_dir, synthetic_dir, tmp_path):
     launch("nca_p", "nca_p", tiny_model_dir, synthetic_dir, full, "--max_steps", "4", accelerate=False)
     resumed = tmp_path / "resumed"
     shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
+    shutil.copy(full / MARKER, resumed / MARKER)  # a killed run's folder: the marker its start wrote
     log = []
     history = launch("nca_p", "nca_p", tiny_model_dir, synthetic_dir, resumed, "--max_steps", "4",
                      "--resume_from_checkpoint", "true", log=log)

@@ -359,8 +359,7 @@ def attach(trainer, method: str, script_args, training_args, model_args) -> None
     from train import privacy_eval
 
     privacy_eval.attach(trainer, script_args, training_args)  # ICS / HMS while training, when the recipe asks
-    from store.runs import mark_folder
-    from train.common import training_command
+    from store.runs import mark_folder, training_command
 
     mark_folder(training_args.output_dir, training_command())  # all input checked: the folder is this run's now
 

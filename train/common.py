@@ -407,7 +407,7 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
     check_base_data(script_args, model_args, fail)
     check_finished(script_args, training_args, resume_checkpoint(training_args), fail)
     check_resume(script_args, training_args, model_args, resume_checkpoint(training_args), fail)
-    from store.runs import claim_folder
+    from store.runs import claim_folder, training_command
 
     # transformers writes README.md, config.json... there: a folder of the user's files is refused. The run's own
     # marker (written by train/card.attach, copied with the folder) makes it this script's folder, resumed or not;
@@ -416,11 +416,6 @@ def _check_paths(script_args, training_args, model_args, fail) -> None:
     # held until the process ends: one training run per folder. A folder whose parent is still missing is locked
     # once everything is checked (load_model_and_processor): nothing is created before then
     locks.acquire(out, "training output folder", create=False)
-
-
-def training_command() -> str:
-    """What an output folder's marker names as its maker (store.runs.claim_folder): the training script."""
-    return f"train/{Path(sys.argv[0]).name}"
 
 
 def load_model_and_processor(model_args, script_args: SpyTuneArguments, training_args):
