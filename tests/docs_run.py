@@ -18,7 +18,7 @@ links to this checkout's files, `.venv` the environment running the tests, `outp
 demo (tests/conftest.py's `demo_outputs`), the offline environment set, and no virtual environment active (that
 environment's bin/ is not on PATH, as in a new shell): a command runs as `.venv/bin/privacy-align ...`,
 `.venv/bin/python ...` or `.venv/bin/accelerate ...` as printed; a bare `python` or `accelerate` fails as it does for
-a user (only the pages in VENV_PENDING still run it with the environment's).
+a user.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ SHELL_SYNTAX = re.compile(r"[$|;&<>*`(){}]")
 # the checkout's entries a block's folder does not link: what `make demo` and the blocks write, and caches
 NOT_LINKED = {".git", "outputs", "site", ".pytest_cache", "__pycache__", ".ruff_cache", ".venv"}
 # Pages whose commands still start with a bare `python` (another issue rewrites them): run with the tests' interpreter
-VENV_PENDING = {"docs/study.md"}
 FORKED = {".venv/bin/python": [], ".venv/bin/privacy-align": ["-m", "cli.command"]}  # the same, preloaded
 
 
@@ -141,13 +140,13 @@ def make(clone: Path, target: str, timeout: float = 1200) -> subprocess.Complete
                           env=environment(), capture_output=True, text=True, timeout=timeout)
 
 
-def environment(activated: bool = False) -> dict:
+def environment() -> dict:
     """The tests' environment (offline, tests/conftest.py) as in a new shell: the interpreter's folder is not on PATH
-    and no virtual environment is active (`activated`: first on PATH, as in an activated one)."""
+    and no virtual environment is active."""
     bin_dir = os.path.dirname(sys.executable)
     path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and os.path.realpath(p) != os.path.realpath(bin_dir)]
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
-    return {**env, "PATH": os.pathsep.join([bin_dir, *path] if activated else path)}
+    return {**env, "PATH": os.pathsep.join(path)}
 
 
 def run(block: Block, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -156,8 +155,7 @@ def run(block: Block, cwd: Path, timeout: float = 600) -> subprocess.CompletedPr
     (`set -euo pipefail`). Stops at the first failing command and returns its result."""
     import forked_python
 
-    pending = block.page in VENV_PENDING
-    env = environment(activated=pending)
+    env = environment()
     if block.language in ("python", "py"):
         script = cwd / "docs_block.py"
         script.write_text(block.code)
@@ -175,8 +173,8 @@ def run(block: Block, cwd: Path, timeout: float = 600) -> subprocess.CompletedPr
         while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):  # VAR=value before the command
             name, value = words.pop(0).split("=", 1)
             assigned[name] = value
-        if words[0] in FORKED or (pending and words[0] in ("python", "python3")):
-            result = forked_python.run([sys.executable, *FORKED.get(words[0], []), *words[1:]], cwd=cwd,
+        if words[0] in FORKED:
+            result = forked_python.run([sys.executable, *FORKED[words[0]], *words[1:]], cwd=cwd,
                                        env={**env, **assigned}, timeout=timeout)
         else:
             result = subprocess.run(words, cwd=cwd, env={**env, **assigned}, capture_output=True, text=True,
