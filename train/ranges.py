@@ -77,7 +77,7 @@ RANGES: dict[str, Rule] = {
     # ours (losses/grpo_trainer.py): the judge (the chat client's own ranges), rewards, dynamic sampling
     "judge_concurrency": numbers.RULES["concurrency"], "judge_max_retries": numbers.RULES["max_retries"],
     "judge_timeout": numbers.RULES["timeout"], "max_missing_reward_share": FRACTION,
-    "general_fraction": BELOW_ONE,
+    "general_fraction": BELOW_ONE, "vllm_kv_cache_gib": POSITIVE,
     # ours: dynamic sampling and guidance (losses/dynamic_sampling.py, losses/guidance.py), the trainer's ranges
     **{name: numbers.RULES[name] for name in GRPO_SETTINGS},
 }
