@@ -67,7 +67,19 @@ VLLM_GPU_TAGS := --only-binary=:all: --python-version 3.12 --implementation cp \
     $(foreach v,35 34 33 32 31 30 29 28 27 26 25 24 23 22 21 20 19 18 17,--platform manylinux_2_$(v)_x86_64) \
     --platform manylinux2014_x86_64
 
-vllm-env: $(VLLM_VENV)/.installed-$(VLLM_DEVICE)
+vllm-env: $(VLLM_VENV)/.installed-$(VLLM_DEVICE) $(VLLM_VENV)/.installed-trl
+
+# GRPO's vLLM rollouts (TRL's `use_vllm`, colocate mode) need vLLM importable in the training process: TRL and the
+# training stack go into vLLM's environment at vLLM's torch and transformers (pip keeps what vLLM installed and adds
+# what is missing), the same versions as constraints.txt's for the rest (docs/training/grpo.md#generation).
+VLLM_TRAIN_PINS := "trl==1.16.0" "peft==0.21.2" "datasets==5.2.0"
+$(VLLM_VENV)/.installed-trl: $(VLLM_VENV)/.installed-$(VLLM_DEVICE)
+	$(VLLM_PIP) $(VLLM_TRAIN_PINS)
+	$(VLLM_VENV)/bin/python -c 'import torch, transformers, trl, vllm; from trl.import_utils import is_vllm_available; \
+	    assert is_vllm_available(), "TRL does not see vLLM"; \
+	    print("trl", trl.__version__, "vllm", vllm.__version__, "torch", torch.__version__, \
+	          "transformers", transformers.__version__)'
+	touch $@
 
 # CI, on any machine: the GPU branch's exact install resolves against the index (pip's dry run for the GPU
 # machine's tags, nothing installed), and each `==` pin resolves to that version. A pin that does not exist fails

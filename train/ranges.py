@@ -78,7 +78,7 @@ RANGES: dict[str, Rule] = {
     # ours (losses/grpo_trainer.py): the judge (the chat client's own ranges), rewards, dynamic sampling
     "judge_concurrency": numbers.RULES["concurrency"], "judge_max_retries": numbers.RULES["max_retries"],
     "judge_timeout": numbers.RULES["timeout"], "max_missing_reward_share": FRACTION,
-    "general_fraction": BELOW_ONE,
+    "general_fraction": BELOW_ONE, "vllm_kv_cache_gib": POSITIVE,
     # ours (train/privacy_eval.py): privacy scored while training
     "eval_privacy_limit": whole(1), "eval_privacy_max_new_tokens": numbers.RULES["max_new_tokens"],
     # ours: dynamic sampling and guidance (losses/dynamic_sampling.py, losses/guidance.py), the trainer's ranges

@@ -46,3 +46,23 @@ PY
 set -o pipefail
 "$PYTHON" "$ROOT/benchmarks/gpu/nca_p_throughput.py" --started-at "$START" --time-budget "${BUDGET:-480}" \
   --out "$RESULTS" "$@" 2>&1 | tee "$RESULTS/run.log"
+
+# GRPO with vLLM rollouts (docs/training/grpo.md#generation): where vLLM imports beside TRL (a GPU machine with
+# `make vllm-env`, or GPU_VLLM_PYTHON naming such an interpreter), the colocate checks CI runs on CPU
+# (tests/grpo_vllm_engine.py: greedy equality, packed = unpacked with the importance-sampling ratio, dynamic sampling,
+# guides, weight sync) and the rollout / step benchmark, results under $OUT. The lent machine has no vLLM (and no
+# network to install its CUDA wheels): then this says so and runs nothing.
+VLLM_PYTHON=${GPU_VLLM_PYTHON:-$PYTHON}
+if [[ " $* " != *" --dry-run "* ]] && "$VLLM_PYTHON" -c 'import vllm, trl' 2>/dev/null; then
+  python_tiny() { "$VLLM_PYTHON" -c 'import sys; from pathlib import Path; from train.tiny_model import DEMO_CONFIG, build_tiny_model
+from data_prep.synthetic import build
+build_tiny_model(Path(sys.argv[1]) / "tiny", **DEMO_CONFIG)
+build(Path(sys.argv[1]) / "data", train_per_label=1, test_per_label=1, general_train=8, general_test=2)' "$1"; }
+  work=$(mktemp -d)
+  python_tiny "$work"
+  "$VLLM_PYTHON" "$ROOT/tests/grpo_vllm_engine.py" "$work/tiny" "$work/data" "$RESULTS/grpo_vllm_checks_gpu.json" \
+    2>&1 | tee "$RESULTS/grpo_vllm_checks.log" | grep -E "^(greedy|sampling_logps|packed|dynamic_sampling|guidance|weight_sync) " || true
+  "$VLLM_PYTHON" "$ROOT/benchmarks/grpo_vllm.py" --out "$RESULTS/grpo_vllm_gpu.json" 2>&1 | tail -5
+else
+  echo "GRPO vLLM checks skipped: vllm and trl do not both import with $VLLM_PYTHON (make vllm-env on a GPU machine)"
+fi
