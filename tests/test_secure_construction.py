@@ -399,3 +399,30 @@ def test_wandb_console_capture_receives_only_scrubbed_text(hooked, tmp_path):
     # W&B's callback: scrubbed when the capture is hooked below the scrubber; the raw text otherwise (the issue's case)
     captured = (tmp_path / "captured.txt").read_text()
     assert (CANARY in captured) is (not hooked) and ("<redacted MY_SERVICE_TOKEN>" in captured) is hooked, captured
+
+
+# ----------------------------------------------------------------------------------------------- 7 a run whose weights diverge
+
+def test_grpo_whose_weights_diverge_stops_in_one_line(tmp_path, synthetic_dir, tiny_model_dir, capsys):
+    # the issue's case: `--learning_rate 1e30` on GRPO ended in torch's sampling traceback ("probability tensor
+    # contains either inf, nan or element < 0") at the generation after the first step, before any loss existed.
+    # The real trainer and generation; a reward by the completion's place in its group, so the first step has a
+    # gradient (a random tiny model's answers all score alike under the rule judge)
+    from test_grpo import G, make_grpo_trainer
+
+    from cli.entry import run_main
+
+    def by_place(completions, **_):
+        return [float(i % G) for i in range(len(completions))]
+
+    trainer, _ = make_grpo_trainer(tiny_model_dir, synthetic_dir, tmp_path, rewards=[by_place], general_fraction=0,
+                                   learning_rate=1e30, warmup_steps=0, max_steps=2, max_completion_length=4,
+                                   save_strategy="no", disable_tqdm=True, beta=0.0)
+    capsys.readouterr()
+    assert run_main(trainer.train) == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]  # the others: the run's info lines
+    assert "Traceback" not in err and len(errors) == 1 and err.strip().endswith(errors[0]), err
+    assert errors[0].startswith("error: training stopped at step 2: the model's next-token probabilities are not "
+                                "finite after step 1") and "a learning rate too high?" in errors[0], errors
+    assert not (tmp_path / "out" / "model.safetensors").exists()
