@@ -426,3 +426,40 @@ def test_grpo_whose_weights_diverge_stops_in_one_line(tmp_path, synthetic_dir, t
     assert errors[0].startswith("error: training stopped at step 2: the model's next-token probabilities are not "
                                 "finite after step 1") and "a learning rate too high?" in errors[0], errors
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_a_link_planted_during_training_is_refused_at_the_next_save(tmp_path, synthetic_dir, tiny_model_dir,
+                                                                    monkeypatch):
+    # end to end: train/sft.py's main, its real trainer and saves; between step 2 and its checkpoint a link is
+    # planted at OUT/checkpoint-2 pointing outside the run's folder (a TrainerCallback added when the run attaches
+    # its own: on_step_end runs before the step's save). The save is refused in one line, nothing written there.
+    from test_hardening_runtime import in_process, recipe_argv
+    from transformers import TrainerCallback
+
+    from train import sft
+    from train.card import attach
+
+    out, outside = tmp_path / "out", tmp_path / "elsewhere"
+    outside.mkdir()
+
+    class Plant(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                (out / "checkpoint-2").symlink_to(outside, target_is_directory=True)
+
+    def attach_and_plant(trainer, *args):
+        attach(trainer, *args)
+        trainer.add_callback(Plant())
+
+    monkeypatch.setattr(sft, "attach", attach_and_plant)
+    monkeypatch.setattr(sys, "argv", ["train/sft.py", *recipe_argv(
+        tiny_model_dir, synthetic_dir, out, "--max_steps", "3", "--save_total_limit", "null", "--save_steps", "1")])
+    proc = in_process(sft.main)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0] == (f"error: {out / 'checkpoint-2'}: is a symbolic link in the run's output folder; the save "
+                         "is refused (it would write where the link points): remove it and resume"), errors
+    assert proc.stderr.strip().endswith(errors[0])
+    assert not any(outside.iterdir())  # nothing written through the link
+    assert (out / "checkpoint-1" / "trainer_state.json").is_file()  # the save before it, complete
+    assert not (out / "model.safetensors").exists() and not (out / "checkpoint-3").exists()
