@@ -8,6 +8,7 @@ changed and that no secret was printed (tests/hardening_checks.py)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -288,6 +289,22 @@ def test_a_link_in_the_run_folder_is_refused_before_transformers_saves(where, tm
         with guarded_save(out):
             raise AssertionError("the save ran")
     assert not any(outside.iterdir())
+
+
+def test_a_hard_link_in_the_run_folder_is_refused_before_transformers_saves(tmp_path, monkeypatch):
+    # a planted hard link to a user's file: transformers' save opens config.json for writing in place, which would
+    # rewrite the user's file through its other name
+    from losses.checkpointing import guarded_save
+
+    out = _run_folder(tmp_path, monkeypatch)
+    users = tmp_path / "users-notes.txt"
+    users.write_text("mine\n")
+    (out / "checkpoint-1").mkdir()
+    os.link(users, out / "checkpoint-1" / "config.json")
+    with pytest.raises(InputError, match=rf"^{out / 'checkpoint-1' / 'config.json'}: is a hard link \(2 names\)"):
+        with guarded_save(out):
+            raise AssertionError("the save ran")
+    assert users.read_text() == "mine\n"
 
 
 def test_a_folder_that_is_no_longer_the_run_s_is_not_saved_into(tmp_path, monkeypatch):
