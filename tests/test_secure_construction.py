@@ -480,3 +480,61 @@ def test_a_link_planted_during_training_is_refused_at_the_next_save(tmp_path, sy
     assert not any(outside.iterdir())  # nothing written through the link
     assert (out / "checkpoint-1" / "trainer_state.json").is_file()  # the save before it, complete
     assert not (out / "model.safetensors").exists() and not (out / "checkpoint-3").exists()
+
+
+# ----------------------------------------------------------------------------------------------- 8 property tests
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from test_fuzz import bounded  # noqa: E402
+
+NAMES = st.text("abcxyz-_.0123456789", min_size=1, max_size=8).filter(lambda n: n not in (".", ".."))
+CREDENTIAL_KEYS = st.sampled_from(["access_token", "Authorization", "X-Api-Key", "client_secret", "password",
+                                   "hub_token", "Proxy-Authorization", "my_credentials", "api_key", "cookie"])
+
+
+@bounded(25)
+@given(path=st.lists(st.sampled_from(["extra_body", "extra_headers", "options", "nested", "a-b"]), max_size=4),
+       key=CREDENTIAL_KEYS, in_list=st.booleans())
+def test_a_credential_key_at_any_depth_of_a_suite_mapping_is_refused(path, key, in_list):
+    from cli.secrets import refuse_in_config
+
+    value = {key: "TOKENVALUE123"}
+    for part in reversed(path):
+        value = {part: [value] if in_list else value}
+    with pytest.raises(InputError) as raised:
+        refuse_in_config("suite.yaml", {"backend_options": value})
+    message = str(raised.value)
+    assert key in message and "a key is never read from a file" in message and "TOKENVALUE123" not in message
+
+
+@bounded(25)
+@given(parts=st.lists(NAMES, min_size=1, max_size=3), to_file=st.booleans())
+def test_a_link_anywhere_below_a_run_folder_is_refused_at_the_save(parts, to_file, tmp_path_factory):
+    import shutil
+
+    from losses.checkpointing import guarded_save
+    from store.runs import MARKER, mark_folder
+    from train.common import training_command
+
+    if parts[0] == MARKER:
+        parts = ["x" + parts[0], *parts[1:]]
+    root = tmp_path_factory.mktemp("links")
+    out = root / "out"
+    out.mkdir()
+    mark_folder(out, training_command())
+    outside = root / "elsewhere"
+    outside.mkdir()
+    target = outside / "f.txt" if to_file else outside
+    if to_file:
+        target.write_text("theirs\n")
+    link = out.joinpath(*parts)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target)
+    try:
+        with pytest.raises(InputError, match=f"^{link}: is a symbolic link in the run's output folder"):
+            with guarded_save(out):
+                raise AssertionError("the save ran")
+        assert sorted(p.name for p in outside.iterdir()) == (["f.txt"] if to_file else [])
+    finally:
+        shutil.rmtree(root)
