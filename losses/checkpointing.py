@@ -155,7 +155,8 @@ def _recorded_arguments(trainer):
 
 def check_run_tree(output_dir) -> None:
     """Before transformers writes into a run's output folder: nothing below it is a symbolic link (a link planted at
-    `config.json` or `checkpoint-1` would take the save, the whole checkpoint, wherever it points), and the folder is
+    `config.json` or `checkpoint-1` would take the save, the whole checkpoint, wherever it points) or a file with
+    another name elsewhere (a hard link, written through by a save in place), and the folder is
     still this run's: its marker names this training script (store.runs.MARKER), the rule every output folder
     follows, never a name pattern. InputError, one line, naming the entry."""
     import stat
@@ -172,9 +173,16 @@ def check_run_tree(output_dir) -> None:
     for parent, folders, names in os.walk(folder):  # followlinks=False: a link is seen, never entered
         for name in [*folders, *names]:
             path = Path(parent) / name
-            if stat.S_ISLNK(os.lstat(path).st_mode):
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
                 raise InputError(path, None, None, "is a symbolic link in the run's output folder; the save is "
                                  "refused (it would write where the link points): remove it and resume")
+            # a hard link: a save that rewrites the file in place (open "w") would change the other name's file too;
+            # every file a save makes is new, with one name
+            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                raise InputError(path, None, None, f"is a hard link ({info.st_nlink} names) in the run's output "
+                                 "folder; the save is refused (it would write into the other name's file too): "
+                                 "remove it and resume")
 
 
 @contextmanager

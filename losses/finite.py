@@ -6,6 +6,11 @@ Both checks sit at the narrowest hook of every trainer (`FiniteTrainingMixin`, u
 model are written. Each check is agreed by all processes (a reduction of one number), so every process stops at
 the same step and none waits in a collective for another that has left. Stopping raises RunStopped: one line, exit
 status 1 (cli/entry.py); the checkpoints saved before stay complete, and resume from them.
+
+GRPO samples before it computes a loss: weights that a step made non-finite (or so large that the logits overflow)
+stop its next generation in torch's multinomial (`probability tensor contains either inf, nan or element < 0`) before
+any loss exists. `sampling_stopped` turns that error into the same one-line stop (losses/grpo_trainer.py, around
+TRL's `_generate`); every process holds the same weights, so each fails alike and none waits for another.
 """
 
 from __future__ import annotations
@@ -31,6 +36,21 @@ def weights_finite(model) -> bool:
             if values.numel() and not torch.isfinite(values.detach()).all():
                 return False
     return True
+
+
+# torch's message when the probabilities it samples from hold NaN, inf or a negative value (torch.multinomial)
+SAMPLING_ERROR = "probability tensor contains either `inf`, `nan` or element < 0"
+
+
+def sampling_stopped(err: BaseException, step: int, model) -> RunStopped | None:
+    """The one-line stop for torch's sampling error after `step` optimizer steps (None: another error)."""
+    if not isinstance(err, RuntimeError) or SAMPLING_ERROR.replace("`", "") not in str(err).replace("`", ""):
+        return None
+    weights = "are not finite (NaN or inf)" if not weights_finite(model) else "are finite but make the logits overflow"
+    when = f"after step {step}" if step else "before the first step"
+    return RunStopped(f"training stopped at step {step + 1}: the model's next-token probabilities are not finite "
+                      f"{when}, so no answer can be sampled (its weights {weights}; a learning rate too high?); the "
+                      "model was not saved, checkpoints before this step are kept")
 
 
 class FiniteTrainingMixin:

@@ -62,6 +62,7 @@ from losses.dynamic_sampling import (
     group_statistics,
     refill_indices,
 )
+from losses.finite import sampling_stopped
 from losses.grpo_packing import by_size, pack_grpo_rows, prompt_groups, take_rows
 from losses.guidance import (
     DECAYS,
@@ -388,7 +389,13 @@ class VisionGRPOTrainer(HubFormatResumeMixin, GRPOTrainer):
         return rewards
 
     def _generate(self, prompts):
-        result = super()._generate(prompts)
+        try:
+            result = super()._generate(prompts)
+        except RuntimeError as err:  # weights a step made non-finite: one line, not torch's sampling traceback
+            stopped = sampling_stopped(err, self.state.global_step, self.model)
+            if stopped is None:
+                raise
+            raise stopped from None
         prompt_ids, completion_ids = result[0], result[1]
         local = torch.tensor([sum(map(len, prompt_ids)), sum(map(len, completion_ids))], device=self.accelerator.device)
         self._generated_tokens += self.accelerator.gather(local).view(-1, 2).sum(0).cpu()

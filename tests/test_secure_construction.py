@@ -8,6 +8,7 @@ changed and that no secret was printed (tests/hardening_checks.py)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -290,6 +291,22 @@ def test_a_link_in_the_run_folder_is_refused_before_transformers_saves(where, tm
     assert not any(outside.iterdir())
 
 
+def test_a_hard_link_in_the_run_folder_is_refused_before_transformers_saves(tmp_path, monkeypatch):
+    # a planted hard link to a user's file: transformers' save opens config.json for writing in place, which would
+    # rewrite the user's file through its other name
+    from losses.checkpointing import guarded_save
+
+    out = _run_folder(tmp_path, monkeypatch)
+    users = tmp_path / "users-notes.txt"
+    users.write_text("mine\n")
+    (out / "checkpoint-1").mkdir()
+    os.link(users, out / "checkpoint-1" / "config.json")
+    with pytest.raises(InputError, match=rf"^{out / 'checkpoint-1' / 'config.json'}: is a hard link \(2 names\)"):
+        with guarded_save(out):
+            raise AssertionError("the save ran")
+    assert users.read_text() == "mine\n"
+
+
 def test_a_folder_that_is_no_longer_the_run_s_is_not_saved_into(tmp_path, monkeypatch):
     from losses.checkpointing import guarded_save
     from store.runs import mark_folder
@@ -399,3 +416,125 @@ def test_wandb_console_capture_receives_only_scrubbed_text(hooked, tmp_path):
     # W&B's callback: scrubbed when the capture is hooked below the scrubber; the raw text otherwise (the issue's case)
     captured = (tmp_path / "captured.txt").read_text()
     assert (CANARY in captured) is (not hooked) and ("<redacted MY_SERVICE_TOKEN>" in captured) is hooked, captured
+
+
+# ----------------------------------------------------------------------------------------------- 7 a run whose weights diverge
+
+def test_grpo_whose_weights_diverge_stops_in_one_line(tmp_path, synthetic_dir, tiny_model_dir, capsys):
+    # the issue's case: `--learning_rate 1e30` on GRPO ended in torch's sampling traceback ("probability tensor
+    # contains either inf, nan or element < 0") at the generation after the first step, before any loss existed.
+    # The real trainer and generation; a reward by the completion's place in its group, so the first step has a
+    # gradient (a random tiny model's answers all score alike under the rule judge)
+    from test_grpo import G, make_grpo_trainer
+
+    from cli.entry import run_main
+
+    def by_place(completions, **_):
+        return [float(i % G) for i in range(len(completions))]
+
+    trainer, _ = make_grpo_trainer(tiny_model_dir, synthetic_dir, tmp_path, rewards=[by_place], general_fraction=0,
+                                   learning_rate=1e30, warmup_steps=0, max_steps=2, max_completion_length=4,
+                                   save_strategy="no", disable_tqdm=True, beta=0.0)
+    capsys.readouterr()
+    assert run_main(trainer.train) == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]  # the others: the run's info lines
+    assert "Traceback" not in err and len(errors) == 1 and err.strip().endswith(errors[0]), err
+    assert errors[0].startswith("error: training stopped at step 2: the model's next-token probabilities are not "
+                                "finite after step 1") and "a learning rate too high?" in errors[0], errors
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_a_link_planted_during_training_is_refused_at_the_next_save(tmp_path, synthetic_dir, tiny_model_dir,
+                                                                    monkeypatch):
+    # end to end: train/sft.py's main, its real trainer and saves; between step 2 and its checkpoint a link is
+    # planted at OUT/checkpoint-2 pointing outside the run's folder (a TrainerCallback added when the run attaches
+    # its own: on_step_end runs before the step's save). The save is refused in one line, nothing written there.
+    from test_hardening_runtime import in_process, recipe_argv
+    from transformers import TrainerCallback
+
+    from train import sft
+    from train.card import attach
+
+    out, outside = tmp_path / "out", tmp_path / "elsewhere"
+    outside.mkdir()
+
+    class Plant(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                (out / "checkpoint-2").symlink_to(outside, target_is_directory=True)
+
+    def attach_and_plant(trainer, *args):
+        attach(trainer, *args)
+        trainer.add_callback(Plant())
+
+    monkeypatch.setattr(sft, "attach", attach_and_plant)
+    monkeypatch.setattr(sys, "argv", ["train/sft.py", *recipe_argv(
+        tiny_model_dir, synthetic_dir, out, "--max_steps", "3", "--save_total_limit", "null", "--save_steps", "1")])
+    proc = in_process(sft.main)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0] == (f"error: {out / 'checkpoint-2'}: is a symbolic link in the run's output folder; the save "
+                         "is refused (it would write where the link points): remove it and resume"), errors
+    assert proc.stderr.strip().endswith(errors[0])
+    assert not any(outside.iterdir())  # nothing written through the link
+    assert (out / "checkpoint-1" / "trainer_state.json").is_file()  # the save before it, complete
+    assert not (out / "model.safetensors").exists() and not (out / "checkpoint-3").exists()
+
+
+# ----------------------------------------------------------------------------------------------- 8 property tests
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from test_fuzz import bounded  # noqa: E402
+
+NAMES = st.text("abcxyz-_.0123456789", min_size=1, max_size=8).filter(lambda n: n not in (".", ".."))
+CREDENTIAL_KEYS = st.sampled_from(["access_token", "Authorization", "X-Api-Key", "client_secret", "password",
+                                   "hub_token", "Proxy-Authorization", "my_credentials", "api_key", "cookie"])
+
+
+@bounded(25)
+@given(path=st.lists(st.sampled_from(["extra_body", "extra_headers", "options", "nested", "a-b"]), max_size=4),
+       key=CREDENTIAL_KEYS, in_list=st.booleans())
+def test_a_credential_key_at_any_depth_of_a_suite_mapping_is_refused(path, key, in_list):
+    from cli.secrets import refuse_in_config
+
+    value = {key: "TOKENVALUE123"}
+    for part in reversed(path):
+        value = {part: [value] if in_list else value}
+    with pytest.raises(InputError) as raised:
+        refuse_in_config("suite.yaml", {"backend_options": value})
+    message = str(raised.value)
+    assert key in message and "a key is never read from a file" in message and "TOKENVALUE123" not in message
+
+
+@bounded(25)
+@given(parts=st.lists(NAMES, min_size=1, max_size=3), to_file=st.booleans())
+def test_a_link_anywhere_below_a_run_folder_is_refused_at_the_save(parts, to_file, tmp_path_factory):
+    import shutil
+
+    from losses.checkpointing import guarded_save
+    from store.runs import MARKER, mark_folder
+    from train.common import training_command
+
+    if parts[0] == MARKER:
+        parts = ["x" + parts[0], *parts[1:]]
+    root = tmp_path_factory.mktemp("links")
+    out = root / "out"
+    out.mkdir()
+    mark_folder(out, training_command())
+    outside = root / "elsewhere"
+    outside.mkdir()
+    target = outside / "f.txt" if to_file else outside
+    if to_file:
+        target.write_text("theirs\n")
+    link = out.joinpath(*parts)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target)
+    try:
+        with pytest.raises(InputError, match=f"^{link}: is a symbolic link in the run's output folder"):
+            with guarded_save(out):
+                raise AssertionError("the save ran")
+        assert sorted(p.name for p in outside.iterdir()) == (["f.txt"] if to_file else [])
+    finally:
+        shutil.rmtree(root)
