@@ -514,8 +514,7 @@ def test_a_link_anywhere_below_a_run_folder_is_refused_at_the_save(parts, to_fil
     import shutil
 
     from losses.checkpointing import guarded_save
-    from store.runs import MARKER, mark_folder
-    from train.common import training_command
+    from store.runs import MARKER, mark_folder, training_command
 
     if parts[0] == MARKER:
         parts = ["x" + parts[0], *parts[1:]]
