@@ -257,10 +257,9 @@ def test_every_recipe_parses_and_passes_the_checks(recipe, monkeypatch, tmp_path
     from losses.grpo_trainer import VisionGRPOConfig
     from losses.nca_p_trainer import NCAPConfig
     from losses.vision_dpo_trainer import VisionDPOConfig
+    from study.methods import script
     from train.common import SpyTuneArguments, check_run, parse_recipe
     from train.grpo import check_grpo
-
-    from study.methods import script
 
     kind = "sft" if recipe.stem == "backbone" else script(recipe.stem)  # the study's recipes are named by method
     config = {"sft": SFTConfig, "dpo": VisionDPOConfig, "nca": VisionDPOConfig, "nca_p": NCAPConfig,
