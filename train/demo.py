@@ -293,6 +293,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                         help="extra recipe overrides for both stages, e.g. --train-args --logging_steps 5")
     args = parser.parse_args(argv)
+    from cli.log import quiet_third_party
+
+    quiet_third_party()  # before building the tiny model imports DeepSpeed (its CPU notice)
     log = Clock()
     out = Path(args.out)
     open_out(out, "demo", {k: v for k, v in vars(args).items() if k != "out"})
