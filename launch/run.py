@@ -39,9 +39,11 @@ def child_status(err: BaseException) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     from accelerate.commands.launch import launch_command, launch_command_parser
 
+    from cli.log import quiet_third_party
     from cli.secrets import guard_streams
 
     guard_streams()  # accelerate's and torch's own lines are scrubbed like ours
+    quiet_third_party()  # its notice that a CPU run uses the CPU's threads
     args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
     # torch's launcher logs each failed rank at ERROR before it raises: the child said it already
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)

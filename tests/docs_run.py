@@ -4,8 +4,8 @@ mktestdocs / pytest-examples / phmdoctest, kept to what our pages need).
 Every ```bash / sh / shell / console / python block is run by the test suite, or marked in its page by an HTML
 comment on the line before its fence (the site does not show it):
 
-    <!-- docs-run: needs-gpu: REASON -->   not run here: it needs a GPU (needs-network, needs-key and
-                                           needs-cluster alike); the reason is said
+    <!-- docs-run: needs-gpu: REASON -->   not run here: it needs a GPU (needs-network, needs-key, needs-cluster,
+                                           needs-hours and needs-minutes alike); the reason is said
     <!-- docs-run: small: ARGS -->         run with ARGS appended to each of its commands: the smallest settings
                                            that take the same path (the command in the page stays as written)
     <!-- docs-run: tested-by: TESTS -->    run by the tests named (tests/FILE.py::NAME ...), e.g. `make test`
@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LANGUAGES = {"bash", "sh", "shell", "console", "python", "py"}
-SKIPPED = ("needs-gpu", "needs-network", "needs-key", "needs-cluster", "needs-hours")
+SKIPPED = ("needs-gpu", "needs-network", "needs-key", "needs-cluster", "needs-hours", "needs-minutes")
 KINDS = (*SKIPPED, "small", "tested-by", "pending")
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)[^\n]*\n(?P<code>.*?)^(?P=indent)```[ \t]*$", re.S | re.M)
 # a marker starts its line (one quoted inside a sentence or a table is text about markers)

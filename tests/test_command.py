@@ -1,6 +1,6 @@
 """`privacy-align`, the one command on PATH (cli/command.py): every subcommand answers --help, a training run and an
 evaluation go through it, a finished run is not trained over silently (train/resume.py check_finished), and a
-launcher option goes through `accelerate launch`.
+launcher option goes through `accelerate launch` (launch/run.py: a failed run ends in the child's line and status).
 
 The commands run as `python -m cli.command ...` forked from a preloaded interpreter (tests/forked_python.py), the
 installed console script once (it is the same `main`)."""
@@ -89,11 +89,16 @@ def test_train_then_eval_through_the_command_and_a_finished_run_is_refused(tiny_
 
 @pytest.mark.slow
 def test_a_launcher_option_goes_through_accelerate_launch(tiny_model_dir, synthetic_dir, tmp_path):
+    """Through launch/run.py (accelerate's launcher): the launched script's one line and its exit status 2, not
+    accelerate's CalledProcessError traceback, which prints the child's argv (a key in --run_name included)."""
     out = tmp_path / "sft"
     out.mkdir()
     (out / "train_metrics.json").write_text("[]")  # a finished run: the launched script refuses before loading
     result = command("train", "sft", ROOT / "recipes/demo/sft.yaml", "--num_processes", "1", "--config_file",
-                     ROOT / "accelerate_configs/cpu.yaml", *train_args(tiny_model_dir, synthetic_dir, out))
-    assert result.returncode != 0
-    assert f"error: command line: output_dir: {out} holds a finished run" in result.stderr
-    assert "accelerate" in result.stderr  # the launcher's own report of its failed process
+                     ROOT / "accelerate_configs/cpu.yaml", *train_args(tiny_model_dir, synthetic_dir, out),
+                     "--run_name", "launched-run-7f3a")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        f"error: command line: output_dir: {out} holds a finished run (train_metrics.json); name another "
+        "--output_dir, or pass --overwrite_output_dir true to train it again from the start"]
+    assert "launched-run-7f3a" not in result.stdout + result.stderr

@@ -87,9 +87,10 @@ def test_demo_pipeline_end_to_end(demo_outputs, tmp_path):
 
 
 def suite_command(stdout: str, stage: str) -> list[str]:
-    """The arguments of the `python -m eval suite` command the demo printed for a stage."""
-    line = next(line for line in stdout.splitlines() if f"] eval {stage}: python -m eval suite " in line)
-    return shlex.split(line.split("python -m eval suite ", 1)[1])
+    """The arguments of the `.venv/bin/privacy-align eval suite` command the demo printed for a stage (the
+    documented form: the installed command's path from the clone)."""
+    line = next(line for line in stdout.splitlines() if f"] eval {stage}: .venv/bin/privacy-align eval suite " in line)
+    return shlex.split(line.split("privacy-align eval suite ", 1)[1])
 
 
 def test_the_demo_keeps_its_promise(demo_outputs):
@@ -192,3 +193,12 @@ def test_a_base_model_is_checked_against_its_own_data_only_when_it_says_what_it_
     with pytest.raises(InputError, match="train_data_path: .*other.json is not the data .*model was trained on"):
         check(other)
     check(tmp_path / "missing.json")  # a missing file: the data checks say so, with their own line
+
+
+def test_the_stage_progress_line_says_the_time_left():
+    """train/demo.py's progress lines: the remaining steps at the rate since the first step seen (loading excluded)."""
+    from train.demo import eta
+
+    assert eta((100.0, 2), (100.0, 2), 120) == ""  # one point: no rate yet
+    assert eta((100.0, 2), (110.0, 4), 120) == ", about 9:40 left"  # 116 steps at 5 s
+    assert eta((100.0, 2), (160.0, 120), 120) == ", about 0:00 left"

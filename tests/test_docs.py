@@ -118,6 +118,24 @@ def test_cli_reference_is_what_help_prints(hook, generated):
     assert checked == len(generated)
 
 
+def test_cli_reference_lists_the_command_and_each_subcommand(hook):
+    """docs/reference/cli.md opens with `privacy-align`: its --help and `train --help` as the installed script
+    prints them, and a row for every subcommand naming the command line it runs (which has its own section)."""
+    from cli.command import DATA, MODULES, TRAIN
+
+    script = Path(sys.executable).parent / "privacy-align"
+    page = hook.on_page_markdown((DOCS / "reference" / "cli.md").read_text(), None, None, None)
+    for argv in (["--help"], ["train", "--help"]):
+        printed = subprocess.run([str(script), *argv], capture_output=True, text=True, timeout=120)
+        assert printed.returncode == 0 and printed.stdout.strip() in page, argv
+    rows = [line for line in page.splitlines() if line.startswith("| `privacy-align ")]
+    expected = [f"train {m}" for m in TRAIN] + list(MODULES) + [f"data {k}" for k in DATA]
+    assert [row.split("`")[1].removeprefix("privacy-align ") for row in rows] == expected
+    for row in rows:
+        section = row.split("|")[3].strip().split("`")[1]
+        assert f"## `{section}" in page, row  # its section (`python -m eval`: one per benchmark)
+
+
 def test_in_process_help_equals_a_real_interpreter(generated):
     env = {**os.environ, "COLUMNS": "100", "PYTHONPATH": str(ROOT)}
     for command in ("python -m data_prep.synthetic", "python -m eval compare", "python -m eval spy judge"):

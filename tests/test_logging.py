@@ -44,3 +44,36 @@ def test_trl_deprecated_alias_warning_is_filtered_and_others_are_not():
         warnings.warn("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning)
         warnings.warn("something else is deprecated", FutureWarning)
     assert [str(w.message) for w in caught] == ["something else is deprecated"]
+
+
+def test_the_cpu_notices_of_deepspeed_and_accelerate_launch_are_filtered_and_other_defaults_are_not():
+    """Every CPU run printed DeepSpeed's "Setting accelerator to CPU" (at its import, as the Trainer does) and
+    `accelerate launch`'s notice that it chose the CPU thread count: both filtered, by the real libraries' own
+    loggers; a notice naming another defaulted value (here --num_processes) still prints."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("DeepSpeed's CPU notice is printed only where no accelerator is found")
+    code = """if True:
+        import sys
+        from cli import log
+        log.quiet_third_party()
+        import deepspeed
+        from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+        print("--- cpu.yaml", file=sys.stderr, flush=True)
+        _validate_launch_command(launch_command_parser().parse_args(["--config_file", "accelerate_configs/cpu.yaml", "x.py"]))
+        print("--- --cpu", file=sys.stderr, flush=True)
+        _validate_launch_command(launch_command_parser().parse_args(["--cpu", "x.py"]))
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr[-3000:]
+    before, cpu_yaml, cpu_flag = result.stderr.split("--- ")
+    assert "Setting accelerator" not in result.stderr and "not passed" not in cpu_yaml, result.stderr
+    assert "`--num_processes` was set to a value of" in cpu_flag, result.stderr

@@ -85,6 +85,10 @@ def parse_recipe(*dataclass_types):
     """
     from trl import TrlParser
 
+    from cli import log
+
+    log.quiet_third_party()  # before the arguments' own set-up imports DeepSpeed (its CPU notice, cli/log.py)
+
     class Parser(TrlParser):
         def error(self, message):  # argparse prints its usage and exits: one line instead
             option = re.match(r"argument --(\w+)", message)  # a recipe value goes through the same conversion

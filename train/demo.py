@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from cli import strict_yaml
+from cli.command import shown
 from cli.entry import ArgumentParser
 from cli.errors import InputError
 from cli.numbers import option
@@ -94,8 +95,9 @@ def start(script: str, model: Path, data: Path, out: Path, steps: int | None, lo
     if (out / "train_metrics.json").exists():
         log(f"{out.name}: reusing {out}")
         return None
+    # launch/run.py, the documented launcher: accelerate's, a failed stage ending in its own line (in the log)
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs/cpu.yaml"),
+        sys.executable, str(ROOT / "launch" / "run.py"), "--config_file", str(ROOT / "accelerate_configs/cpu.yaml"),
         str(ROOT / "train" / f"{script}.py"), str(recipe),
         "--model_name_or_path", str(model), "--train_data_path", str(data / "train_data.json"),
         "--image_folder", str(data), "--output_dir", str(out), *extra,
@@ -110,14 +112,23 @@ def start(script: str, model: Path, data: Path, out: Path, steps: int | None, lo
         command += ["--max_steps", str(steps)]
     if any(out.glob("checkpoint-*")):
         command += ["--resume_from_checkpoint", "true"]
-    log(f"{out.name}: {steps} steps -> {out}   (accelerate launch train/{script}.py {recipe.relative_to(ROOT)})")
+    log(f"{out.name}: {steps} steps -> {out}   (as {shown()} train {script} {recipe.relative_to(ROOT)})")
     (out.parent / "logs").mkdir(parents=True, exist_ok=True)
     log_path = out.parent / "logs" / f"{out.name}.log"
     with open(log_path, "w") as log_file:
         # in the demo's own folder: a relative --out names the same folder for the stage (its script, recipe and
         # launch config are named by absolute paths)
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
-    return {"process": process, "log_path": log_path, "name": out.name, "steps": steps}
+    return {"process": process, "log_path": log_path, "name": out.name, "steps": steps, "started": time.time()}
+
+
+def eta(first: tuple[float, int], now: tuple[float, int], steps: int) -> str:
+    """", about M:SS left": the remaining steps at the rate since the first step seen ("" before two points)."""
+    (t0, s0), (t1, s1) = first, now
+    if s1 <= s0:
+        return ""
+    minutes, seconds = divmod(round((steps - s1) * (t1 - t0) / (s1 - s0)), 60)
+    return f", about {minutes}:{seconds:02d} left"
 
 
 def check_stage_options(extra: list[str]) -> None:
@@ -142,14 +153,18 @@ def finish(stage: dict | None, log) -> None:
     if stage is None:
         return
     process, log_path, name, steps = stage["process"], stage["log_path"], stage["name"], stage["steps"]
+    first, said = None, 0  # (time, step) when a step was first seen: the rate excludes the stage's loading
     while True:
         try:
             process.wait(timeout=10)  # returns as soon as the stage ends
             break
         except subprocess.TimeoutExpired:
             done = re.findall(rf"(\d+)/{steps} \[", log_path.read_text(errors="replace")[-4000:])
-            if done:
-                log(f"{name}: step {done[-1]}/{steps}")
+            step = int(done[-1]) if done else 0
+            if step > said:  # a line when the stage moves on, with the time its remaining steps take at its rate
+                first = first or (time.time(), step)
+                log(f"{name}: step {step}/{steps}" + eta(first, (time.time(), step), steps))
+                said = step
     if process.returncode:
         # bad input: the script's own line (accelerate's report follows it in the log)
         bad = [line for line in log_path.read_text(errors="replace").splitlines() if line.startswith("error: ")]
@@ -176,8 +191,8 @@ def suite_command(model: Path, suite_out: Path, out: Path, args) -> list[str]:
     outputs/demo: --root when --out is elsewhere), and a --set for each evaluation option given to the demo."""
     import os
 
-    shown = Path("eval/suites/demo.yaml")  # as a user types it in the checkout (the demo may run from a link to it)
-    config = str(shown) if shown.is_file() and os.path.samefile(shown, SUITE) else str(SUITE)
+    typed = Path("eval/suites/demo.yaml")  # as a user types it in the checkout (the demo may run from a link to it)
+    config = str(typed) if typed.is_file() and os.path.samefile(typed, SUITE) else str(SUITE)
     argv = ["--config", config, "--model", str(model), "--out", str(suite_out)]
     if Path(out) != Path(strict_yaml.load(SUITE)["root"]):
         argv += ["--root", str(out)]
@@ -196,7 +211,7 @@ def evaluate(stage: str, model: Path, out: Path, args, log) -> dict:
     from eval import suite
 
     argv = suite_command(model, out / "suite" / stage, out, args)
-    log(f"eval {stage}: python -m eval suite {shlex.join(argv)}")
+    log(f"eval {stage}: {shown()} eval suite {shlex.join(argv)}")
     results = suite.run_args(suite.parser().parse_args(argv))
     spy = results["sections"]["spy"]
     spatial = results["sections"]["spatialtrust"]["one-pass"]
@@ -278,6 +293,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                         help="extra recipe overrides for both stages, e.g. --train-args --logging_steps 5")
     args = parser.parse_args(argv)
+    from cli.log import quiet_third_party
+
+    quiet_third_party()  # before building the tiny model imports DeepSpeed (its CPU notice)
     log = Clock()
     out = Path(args.out)
     open_out(out, "demo", {k: v for k, v in vars(args).items() if k != "out"})

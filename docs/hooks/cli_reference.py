@@ -137,8 +137,40 @@ def help_texts() -> dict[str, str]:
     return texts
 
 
+def command_help(argv: list[str]) -> str:
+    """What `privacy-align ARGV` prints (cli/command.py's own usage lines, not argparse's)."""
+    from cli.command import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        main(argv)
+    return out.getvalue()
+
+
+def command_markdown() -> list[str]:
+    """`privacy-align`, the console script: its usage, `train`'s, and what each subcommand runs (whose --help is
+    that command's own, below)."""
+    from cli.command import DATA, LOSS_TYPE, MODULES, PROG, TRAIN
+
+    out = [f"## `{PROG}`", "", "The one command the package installs (`.venv/bin/privacy-align`); each subcommand runs "
+           "the command line named beside it, with the same options and exit statuses.", "",
+           "```text", command_help(["--help"]).rstrip("\n"), "```", "", f"### `{PROG} train`", "",
+           "```text", command_help(["train", "--help"]).rstrip("\n"), "```", "",
+           "| command | runs | its options: the section |", "|---|---|---|"]
+    for method, script in TRAIN.items():
+        section = f"train/{script}.py" if script in TRL_SCRIPTS else f"python -m train.{script}"
+        out.append(f"| `{PROG} train {method}` | `train/{script}.py`"
+                   + (" (`loss_type` set by the method)" if method in LOSS_TYPE else "") + f" | `{section}` |")
+    for name, (module, first, _) in MODULES.items():
+        runs = " ".join([f"python -m {module}", *first])
+        out.append(f"| `{PROG} {name}` | `{runs}` | `{runs}`{' (one section per benchmark)' if not first and module == 'eval' else ''} |")
+    for kind, module in DATA.items():
+        out.append(f"| `{PROG} data {kind}` | `python -m {module}` | `python -m {module}` |")
+    return out + [""]
+
+
 def cli_markdown() -> str:
-    out = []
+    out = command_markdown()
     for command, text in help_texts().items():
         level = "###" if command.count(" ") > (3 if command.startswith("python -m eval") else 2) else "##"
         out += [f"{level} `{command}`", "", "```text", text.rstrip("\n"), "```", ""]
