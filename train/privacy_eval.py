@@ -19,9 +19,12 @@ the loss, the reward (the preference methods' reward margin, GRPO's reward) and 
 from __future__ import annotations
 
 import logging
+import random
 import tempfile
 from pathlib import Path
 
+import numpy as np
+import torch
 from transformers import Trainer, TrainerCallback
 
 from eval.backends import HFGenerator
@@ -75,12 +78,17 @@ class PrivacyEval(TrainerCallback):
             side, training = tokenizer.padding_side, model.training
             tokenizer.padding_side = "left"  # generation pads on the left; training's collator keeps its own side
             model.eval()
-            try:
-                generator = LiveGenerator(model, processor, trainer.args.per_device_eval_batch_size,
-                                          script.eval_privacy_max_new_tokens)
-                scores = privacy_scores(generator, script.eval_privacy_items, script.eval_privacy_images,
-                                        script.eval_privacy_limit, script.add_distractors, script.categories)
+            python_rng, numpy_rng = random.getstate(), np.random.get_state()
+            try:  # the training after an evaluation is the training without one: every random state put back
+                devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+                with torch.random.fork_rng(devices=devices):
+                    generator = LiveGenerator(model, processor, trainer.args.per_device_eval_batch_size,
+                                              script.eval_privacy_max_new_tokens)
+                    scores = privacy_scores(generator, script.eval_privacy_items, script.eval_privacy_images,
+                                            script.eval_privacy_limit, script.add_distractors, script.categories)
             finally:
+                random.setstate(python_rng)
+                np.random.set_state(numpy_rng)
                 tokenizer.padding_side = side
                 model.train(training)
             # the Trainer's own log (not a TRL trainer's, which would flush its running training metrics here)
