@@ -8,7 +8,7 @@ answers name the background colour, so answering needs the image. Train and test
 and the test split asks its questions in phrasings never seen in training.
 
 Each category gets a fixed pool of (up to) two conflict and two privacy scenarios, shared by both splits, so a
-small model can learn the scenario x category table in minutes (../shared/specs/demo_notes.md). A category
+small model can learn the scenario x category table in minutes. A category
 that no scenario needs has no conflict scenario (as SPY's a12); a file without scenarios gives items with
 empty scenario lists.
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 # One thread per process, inherited by every training subprocess: the README's numbers were made so (another thread
@@ -42,7 +43,9 @@ from train.demo import METHODS, ROOT, Clock, build_once, open_out, train  # noqa
 
 
 def parse(argv: list[str] | None):
-    parser = ArgumentParser(prog="python -m study", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # `python -m study` names itself __main__.py; through the console script sys.argv[0] is `privacy-align study`
+    prog = sys.argv[0] if sys.argv[0].startswith("privacy-align") else "python -m study"
+    parser = ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="outputs/study")
     parser.add_argument("--protocol", choices=["quick", "tuned"], default="quick")
     parser.add_argument("--seeds", type=option("seed"), nargs="+", default=None,
