@@ -67,8 +67,8 @@ def test_vllm_greedy_rollouts_equal_transformers_token_for_token(report):
 
 
 def test_vllm_sampling_logprobs_against_the_policys(report):
-    """vLLM's log-probs of its own samples (TRL's `sampling_per_token_logps`) against the policy's: the first
-    generated token within 2e-3, later tokens within a few hundredths of a nat (measured, float32, tiny model)."""
+    """vLLM's log-probs of its own samples (TRL's `sampling_per_token_logps`) against the policy's: within 0.25 nats
+    per token (measured up to 0.08, float32, tiny model; printed)."""
     print(passed(report, "sampling_logps"))
 
 
