@@ -54,6 +54,9 @@ def shown() -> str:
     found = shutil.which(PROG)
     if found and Path(found).resolve() == script.resolve():
         return PROG
+    local = Path(".venv") / "bin" / PROG  # the checkout's environment, however it is linked
+    if local.is_file() and local.resolve() == script.resolve():
+        return str(local)
     relative = os.path.relpath(script, Path.cwd())
     return relative if not relative.startswith("..") else str(script)
 
