@@ -103,6 +103,19 @@ def policy_logps(trainer, batch, packed: bool):
             num_images=batch["num_images"], mm_token_type_ids=batch["mm_token_type_ids"])[0]
 
 
+def assert_ratio_is_trls(trainer, batch, check_old: bool = False):
+    """The batch's importance-sampling ratio equals TRL's formula on an unpacked pass's log-probs (and, with
+    `check_old`, its old log-probs equal that pass's); returns the expected ratio."""
+    unpacked = policy_logps(trainer, batch, packed=False)
+    if check_old:
+        torch.testing.assert_close(masked(batch["old_per_token_logps"], batch), masked(unpacked, batch), rtol=0,
+                                   atol=TOL)
+    expected = trl_ratio(trainer, unpacked, batch["sampling_per_token_logps"], batch["completion_mask"])
+    torch.testing.assert_close(masked(batch["importance_sampling_ratio"], batch), masked(expected, batch), rtol=0,
+                               atol=TOL)
+    return expected
+
+
 def trl_ratio(trainer, old, sampling, mask):
     """TRL 1.16's vLLM importance-sampling ratio (`_generate_and_score_completions`), from given log-probs."""
     diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
@@ -173,10 +186,7 @@ def check_packed(trainer, dataset):
                                atol=TOL)
     torch.testing.assert_close(packed["advantages"], plain["advantages"], rtol=0, atol=TOL)
     assert plain["advantages"].abs().max() > 0
-    unpacked = policy_logps(trainer, packed, packed=False)
-    expected = trl_ratio(trainer, unpacked, packed["sampling_per_token_logps"], packed["completion_mask"])
-    torch.testing.assert_close(masked(packed["importance_sampling_ratio"], packed), masked(expected, packed), rtol=0,
-                               atol=TOL)
+    expected = assert_ratio_is_trls(trainer, packed)
     return f"{packed['completion_ids'].size(0)} rows, ratio in [{float(masked(expected, packed).min()):.4f}, " \
            f"{float(expected.max()):.4f}]"
 
@@ -193,11 +203,7 @@ def check_dynamic_sampling(trainer, dataset):
     assert batch["completion_ids"].size(0) == 2 * G
     for g in range(2):  # every kept group has spread
         assert batch["advantages"][g * G:(g + 1) * G].abs().max() > 0
-    unpacked = policy_logps(trainer, batch, packed=False)
-    torch.testing.assert_close(masked(batch["old_per_token_logps"], batch), masked(unpacked, batch), rtol=0, atol=TOL)
-    expected = trl_ratio(trainer, unpacked, batch["sampling_per_token_logps"], batch["completion_mask"])
-    torch.testing.assert_close(masked(batch["importance_sampling_ratio"], batch), masked(expected, batch), rtol=0,
-                               atol=TOL)
+    assert_ratio_is_trls(trainer, batch, check_old=True)
     return f"dropped share {metrics['dynamic_sampling/dropped_share']:.2f}, " \
            f"{int(metrics['dynamic_sampling/extra_rounds'])} extra rounds"
 

@@ -20,6 +20,8 @@ import forked_python
 import pytest
 from test_vllm import env, server, tiny  # noqa: F401 - fixtures: `vllm serve` of the tiny model (started once here)
 
+from store.runs import MARKER
+
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 pytestmark = pytest.mark.skipif(
@@ -141,6 +143,7 @@ def test_grpo_judged_by_a_model_behind_vllm_serve_with_cache_missing_rewards_and
     resumed = tmp_path / "b"
     resumed.mkdir()
     shutil.copytree(tmp_path / "a" / "checkpoint-1", resumed / "checkpoint-1")
+    shutil.copy(tmp_path / "a" / MARKER, resumed / MARKER)  # a killed run's folder: the marker its start wrote
     shutil.copy(tmp_path / "a" / "judge_cache.jsonl", resumed / "judge_cache.jsonl")
     before = served_requests(server)
     again = grpo_judged(server, tiny_model_dir, grpo_vllm_data, resumed, "--max_missing_reward_share", "1",
