@@ -19,6 +19,7 @@ from pathlib import Path
 
 from study.methods import TWO_STAGE, first_steps, offset, script
 from study.text import fmt
+from train.resume import FINISHED
 
 # What a GRPO run's logs say about its groups (means over the logged steps of a run up to a budget): TRL's share of
 # groups whose rewards do not vary, the KL to the reference, the mean reward and completion length, and every key
@@ -90,7 +91,7 @@ def train_run(ctx: dict, method: str, point: dict, seed: int, folder: Path, step
     trained."""
     from train.demo import ROOT, train
 
-    trained = not (folder / "train_metrics.json").exists()
+    trained = not (folder / FINISHED).exists()
     extra = ["--seed", str(seed), "--learning_rate", repr(point["learning_rate"]),
              "--lr_scheduler_type", "constant_with_warmup", "--save_steps", str(save_every),
              "--save_total_limit", "1000", *(["--beta", repr(point["beta"])] if "beta" in point else []),
@@ -125,7 +126,7 @@ def first_stage_task(ctx: dict, method: str, seed: int) -> dict:
     from train.demo import ROOT, train
 
     first, folder = TWO_STAGE[method]["first"], first_stage(ctx, method, seed)
-    trained = not (folder / "train_metrics.json").exists()
+    trained = not (folder / FINISHED).exists()
     train("sft", Path(ctx["backbone"]), Path(ctx["data"]), folder, first_steps(method, ctx["steps"]), _clock(ctx),
           ["--seed", str(seed), *general_data(ctx, first), *ctx["train_args"]],
           ROOT / "recipes" / "study" / f"{first}.yaml")

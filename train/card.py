@@ -20,6 +20,7 @@ from transformers import TrainerCallback
 
 from cli.errors import InputError
 from train.common import METHOD_NAMES
+from train.resume import FINISHED
 
 # Used when the base model's own card names no licence: Qwen2-VL / Qwen2.5-VL 2B-7B, the family recipes train.
 DEFAULT_LICENSE = "apache-2.0"
@@ -379,7 +380,7 @@ def finish(trainer, method: str, script_args, training_args, model_args) -> None
               training_args.output_dir)
     from store.runs import write_json
 
-    write_json(Path(training_args.output_dir) / "train_metrics.json", trainer.state.log_history)
+    write_json(Path(training_args.output_dir) / FINISHED, trainer.state.log_history)
     from train.privacy_eval import CURVES, plot_curves
 
     plot_curves(trainer.state.log_history, Path(training_args.output_dir) / CURVES)

@@ -33,6 +33,7 @@ from cli.errors import InputError
 from cli.numbers import option
 from store.runs import claim_folder, write_json, write_text
 from train.common import run
+from train.resume import FINISHED
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "eval" / "suites" / "demo.yaml"
@@ -92,7 +93,7 @@ def start(script: str, model: Path, data: Path, out: Path, steps: int | None, lo
     """Start `train`'s stage in the background; None when it is finished already. `finish` waits for it. `privacy`:
     ICS and HMS measured while it trains (the demo's stages; the studies' runs leave it off)."""
     recipe = recipe or ROOT / "recipes" / "demo" / f"{script}.yaml"
-    if (out / "train_metrics.json").exists():
+    if (out / FINISHED).exists():
         log(f"{out.name}: reusing {out}")
         return None
     # launch/run.py, the documented launcher: accelerate's, a failed stage ending in its own line (in the log)
